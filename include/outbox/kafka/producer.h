@@ -1,0 +1,149 @@
+// The relay's Kafka producer: one long-lived idempotent librdkafka producer
+// per relay worker.  Pure C++: no Postgres headers, no exceptions out of the
+// API.  librdkafka callbacks run only inside poll()/shutdown() on the
+// caller's thread and only record what happened; the relay reads the
+// records afterwards through plain accessors and does the Postgres work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+struct rd_kafka_s;
+struct rd_kafka_topic_s;
+struct rd_kafka_queue_s;
+struct rd_kafka_message_s;
+
+namespace outbox::kafka {
+
+struct Settings {
+    std::string brokers;       // bootstrap.servers (outbox.brokers)
+    std::string extra;         // outbox.kafka_config, already checked
+    std::string client_id;     // client.id
+    std::size_t batch_size = 1000;
+};
+
+// One claimed outbox row, with pointers into the caller's memory.  Only
+// read during produce(): librdkafka copies what it keeps.
+struct Record {
+    int64_t id;
+    const char *topic;
+    std::size_t topic_len;
+    const char *key;
+    std::size_t key_len;
+    const char *value;  // the payload's JSON text
+    std::size_t value_len;
+    const char *headers;  // the headers column as JSON object text
+    std::size_t headers_len;
+    const char *event_id;  // message_id text, NUL-terminated
+};
+
+enum class LogLevel { Debug, Info, Warning };
+
+// Connection state as far as the relay can tell.
+enum class BrokerState { Unknown, Up, Down };
+
+class Producer {
+public:
+    // Creates the producer and routes librdkafka's main queue (delivery
+    // reports, logs, errors) to `wakeup_fd`: a byte is written there when
+    // something arrives, so the caller can sleep on it next to its latch.
+    // Returns nullptr and librdkafka's reason in `error` when it fails.
+    static std::unique_ptr<Producer> create(const Settings &settings, int wakeup_fd,
+                                            std::string &error) noexcept;
+    ~Producer();
+    Producer(const Producer &) = delete;
+    Producer &operator=(const Producer &) = delete;
+
+    // Enqueues a batch, in order.  Only when in_flight() is 0.  A record
+    // librdkafka refuses at once (too large, bad headers, unknown topic) is
+    // a failure right away, and every later record of the same key in this
+    // batch is held back: neither produced nor failed, it stays pending so
+    // that the key's order is kept.
+    void produce(const Record *records, std::size_t n) noexcept;
+
+    // Serves delivery reports, logs and errors that have arrived.  Never blocks.
+    void poll() noexcept;
+
+    // Records produced whose delivery report has not arrived yet.
+    std::size_t in_flight() const noexcept { return in_flight_; }
+
+    // Outcomes since the last clear_resolved().
+    std::size_t acked_count() const noexcept { return acked_.size(); }
+    const int64_t *acked_ids() const noexcept { return acked_.data(); }
+    std::size_t failed_count() const noexcept { return failed_ids_.size(); }
+    const int64_t *failed_ids() const noexcept { return failed_ids_.data(); }
+    const char *failed_error(std::size_t i) const noexcept { return failed_errors_[i].c_str(); }
+    bool failed_permanent(std::size_t i) const noexcept { return failed_permanent_[i] != 0; }
+    std::size_t held_count() const noexcept { return held_; }
+    void clear_resolved() noexcept;
+
+    // Lines for the server log: connection state changes, delivery errors
+    // (once per distinct error, not per message) and librdkafka's own log.
+    std::size_t log_count() const noexcept { return log_text_.size(); }
+    LogLevel log_level(std::size_t i) const noexcept { return log_level_[i]; }
+    const char *log_text(std::size_t i) const noexcept { return log_text_[i].c_str(); }
+    void clear_log() noexcept;
+
+    BrokerState broker_state() const noexcept { return state_; }
+    // The last error librdkafka reported (connection or delivery), or "".
+    const char *last_error() const noexcept { return last_error_.c_str(); }
+    // librdkafka raised a fatal error: this producer must be replaced.
+    bool fatal() const noexcept { return fatal_; }
+
+    // Waits up to timeout_ms for what is in flight, then abandons the rest:
+    // abandoned records are neither acked nor failed (their rows stay
+    // pending and will be sent again).
+    void shutdown(int timeout_ms) noexcept;
+
+private:
+    Producer() = default;
+    rd_kafka_topic_s *topic_handle(std::string_view name);
+    void produce_one(const Record &r, uint32_t index);
+    void fail(int64_t id, std::string error, bool permanent);
+    void add_log(LogLevel level, std::string text);
+    void set_state(BrokerState s, const std::string &reason);
+
+    static void on_delivery(rd_kafka_s *rk, const rd_kafka_message_s *msg, void *opaque);
+    static void on_error(rd_kafka_s *rk, int err, const char *reason, void *opaque);
+    static void on_log(const rd_kafka_s *rk, int level, const char *fac, const char *buf);
+    void delivered(const rd_kafka_message_s *msg);
+    void errored(rd_kafka_s *rk, int err, const char *reason);
+    void logged(int level, const char *fac, const char *buf);
+
+    rd_kafka_s *rk_ = nullptr;
+    rd_kafka_queue_s *main_queue_ = nullptr;
+    std::vector<std::pair<std::string, rd_kafka_topic_s *>> topics_;
+    std::size_t last_topic_ = 0;
+
+    // The batch in flight: index -> row id.  The generation tags delivery
+    // reports so that a report can never be matched to the wrong batch.
+    std::vector<int64_t> batch_ids_;
+    uint32_t generation_ = 0;
+    std::size_t in_flight_ = 0;
+    std::unordered_set<std::string> held_keys_;
+
+    std::vector<int64_t> acked_;
+    std::vector<int64_t> failed_ids_;
+    std::vector<std::string> failed_errors_;
+    std::vector<char> failed_permanent_;
+    std::size_t held_ = 0;
+
+    std::vector<LogLevel> log_level_;
+    std::vector<std::string> log_text_;
+
+    BrokerState state_ = BrokerState::Unknown;
+    std::string last_error_;
+    std::string last_logged_delivery_error_;
+    bool fatal_ = false;
+};
+
+// Whether librdkafka error `err` means Kafka refuses the record for good
+// (counts toward parking) rather than a passing condition.
+bool is_permanent_error(int err) noexcept;
+
+}  // namespace outbox::kafka

@@ -1,0 +1,125 @@
+-- pg outbox 1.0: tables and SQL API.  The schema "outbox" is created by
+-- CREATE EXTENSION (outbox.control: schema = outbox).
+
+\echo Use "CREATE EXTENSION outbox" to load this file. \quit
+
+-- Nothing in this schema is granted to PUBLIC.  A service role gets
+--   GRANT USAGE ON SCHEMA outbox TO svc;
+--   GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb) TO svc;
+-- and never needs (nor gets) direct access to the tables.
+REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
+
+-- Messages written by services, published by the relay worker.  Rows stay
+-- after publication (audit, replay); only the retention pass deletes them.
+CREATE TABLE outbox.outbox_message (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id    uuid        NOT NULL UNIQUE,
+    topic         text        NOT NULL,
+    key           text        NOT NULL,
+    payload       jsonb       NOT NULL,
+    headers       jsonb       NOT NULL DEFAULT '{}',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    published_at  timestamptz,
+    -- bookkeeping of the relay: failed delivery attempts and the last
+    -- error text librdkafka gave for this message.
+    attempts      integer     NOT NULL DEFAULT 0,
+    last_error    text
+);
+
+-- The relay scans only this index: it holds the pending rows, in id order.
+CREATE INDEX ix_outbox_message_unpublished ON outbox.outbox_message (id)
+    WHERE published_at IS NULL;
+
+-- Consumer-side deduplication (R-DIST-IDEM-2).
+CREATE TABLE outbox.processed_event (
+    event_id      text        PRIMARY KEY,
+    topic         text,
+    processed_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at    timestamptz NOT NULL
+);
+
+-- The inbox (R-DIST-OBX-2): Kafka records stored before they are handled.
+CREATE TABLE outbox.inbox_message (
+    event_id         uuid        PRIMARY KEY,
+    received_at      timestamptz NOT NULL DEFAULT now(),
+    topic            text        NOT NULL,
+    key              text,
+    payload          jsonb       NOT NULL,
+    headers          jsonb       NOT NULL DEFAULT '{}',
+    kafka_partition  integer,
+    kafka_offset     bigint,
+    processed        boolean     NOT NULL DEFAULT false,
+    processed_at     timestamptz,
+    attempts         integer     NOT NULL DEFAULT 0,
+    last_error       text
+);
+
+CREATE INDEX ix_inbox_message_unprocessed ON outbox.inbox_message (received_at)
+    WHERE NOT processed;
+
+-- pg_dump keeps the rows of these tables: they are user data, not part of
+-- the extension's definition.
+SELECT pg_catalog.pg_extension_config_dump('outbox.outbox_message', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.processed_event', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_message', '');
+
+-- outbox.write: insert one message in the caller's transaction.  Commit
+-- publishes it, rollback discards it.  Returns the message_id, which Kafka
+-- consumers see as the "event_id" header unless the caller set one.
+CREATE FUNCTION outbox.write(topic text, key text, payload jsonb,
+                             headers jsonb DEFAULT '{}')
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_write'
+LANGUAGE C VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE;
+
+-- outbox.mark_processed: the idempotent-consumer check.  True the first time
+-- an event id is seen within its ttl (the caller goes on processing in the
+-- same transaction), false for a duplicate.  Two transactions racing on one
+-- id never both get true once both commit: the second waits for the first
+-- on the primary key and then sees its row.  An entry whose ttl has passed
+-- counts as forgotten, whether or not retention has deleted it yet.
+CREATE FUNCTION outbox.mark_processed(event_id text, topic text DEFAULT NULL,
+                                      ttl interval DEFAULT '72 hours')
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF mark_processed.event_id IS NULL THEN
+        RAISE EXCEPTION 'outbox.mark_processed: event_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF mark_processed.event_id = '' THEN
+        RAISE EXCEPTION 'outbox.mark_processed: event_id must not be empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ttl IS NULL OR ttl <= interval '0' THEN
+        RAISE EXCEPTION 'outbox.mark_processed: ttl must be a positive interval, got %',
+                        coalesce(ttl::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO outbox.processed_event AS p (event_id, topic, processed_at, expires_at)
+    VALUES (mark_processed.event_id, mark_processed.topic, now(), now() + ttl)
+    ON CONFLICT ON CONSTRAINT processed_event_pkey DO UPDATE
+        SET topic = excluded.topic,
+            processed_at = excluded.processed_at,
+            expires_at = excluded.expires_at
+        WHERE p.expires_at <= now();
+    RETURN FOUND;
+END
+$$;
+
+-- outbox.is_processed: has this event id been marked, and not yet expired?
+CREATE FUNCTION outbox.is_processed(event_id text)
+RETURNS boolean
+LANGUAGE sql STABLE STRICT SECURITY DEFINER PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM outbox.processed_event p
+                    WHERE p.event_id = $1 AND p.expires_at > now())
+$$;
+
+REVOKE ALL ON FUNCTION outbox.write(text, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.mark_processed(text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.is_processed(text) FROM PUBLIC;

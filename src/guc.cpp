@@ -1,0 +1,74 @@
+#include "outbox/guc.h"
+
+#include "outbox/kafka/config.h"
+
+extern "C" {
+#include "utils/guc.h"
+}
+
+extern "C" {
+char *outbox_database = nullptr;
+char *outbox_brokers = nullptr;
+char *outbox_kafka_config = nullptr;
+int outbox_batch_size = 1000;
+int outbox_poll_interval_ms = 1000;
+int outbox_batch_timeout_ms = 5000;
+int outbox_workers = 1;
+}
+
+namespace {
+
+// Refuses a kafka_config that does not parse, that librdkafka rejects, or
+// that would weaken the delivery guarantees; the error names the property.
+bool check_kafka_config(char **newval, void **, GucSource) {
+    char err[512];
+    if (outbox::kafka::check_properties(*newval ? *newval : "", err, sizeof err)) return true;
+    GUC_check_errdetail("%s", err);
+    return false;
+}
+
+}  // namespace
+
+void outbox_define_gucs(void) {
+    DefineCustomStringVariable(
+        "outbox.database", "Database the relay workers connect to.",
+        "Where CREATE EXTENSION outbox was run. Changing it needs a restart.", &outbox_database,
+        "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.brokers", "Kafka bootstrap servers (host:port, comma-separated).",
+        "Empty: the relay publishes nothing and says so in the log.", &outbox_brokers, "",
+        PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.kafka_config", "Extra librdkafka properties, as name=value;name=value.",
+        "Applied after the relay's own defaults. May hold secrets: superuser-only.",
+        &outbox_kafka_config, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, check_kafka_config, nullptr,
+        nullptr);
+
+    DefineCustomIntVariable("outbox.batch_size", "Most messages a relay worker claims at once.",
+                            nullptr, &outbox_batch_size, 1000, 1, 100000, PGC_SIGHUP, 0,
+                            nullptr, nullptr, nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.poll_interval", "Fallback poll of the outbox table when no commit wakes the relay.",
+        "Commits that write to the outbox wake the relay at once; this only bounds the delay "
+        "for messages inserted in ways that do not (COMMIT PREPARED, direct INSERT).",
+        &outbox_poll_interval_ms, 1000, 10, 3600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+        nullptr, nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.batch_timeout",
+        "Longest a relay transaction waits for Kafka's acknowledgements.",
+        "After it, the acknowledged rows are committed and the rest are finished in later, "
+        "short transactions, so a slow or unreachable Kafka never holds a transaction open.",
+        &outbox_batch_timeout_ms, 5000, 10, 600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
+        nullptr);
+
+    DefineCustomIntVariable("outbox.workers", "Relay workers per database.",
+                            "Each owns a share of the message keys. Needs a restart.",
+                            &outbox_workers, 1, 1, 32, PGC_POSTMASTER, 0, nullptr, nullptr,
+                            nullptr);
+
+    MarkGUCPrefixReserved("outbox");
+}

@@ -1,0 +1,147 @@
+#include "outbox/pure_tu.h"
+#include "outbox/kafka/config.h"
+
+#include <librdkafka/rdkafka.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+namespace outbox::kafka {
+
+namespace {
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// One token under construction: `keep` is the length up to and including
+// the last escaped character, which trailing-space trimming must not eat.
+struct Token {
+    std::string text;
+    std::size_t keep = 0;
+    void add(char c, bool escaped) {
+        if (text.empty() && !escaped && is_space(c)) return;  // leading space
+        text.push_back(c);
+        if (escaped) keep = text.size();
+    }
+    std::string finish() {
+        std::size_t end = text.size();
+        while (end > keep && is_space(text[end - 1])) --end;
+        text.resize(end);
+        std::string out;
+        out.swap(text);
+        keep = 0;
+        return out;
+    }
+};
+
+// Properties the relay sets itself, or whose other values would break the
+// delivery guarantees; nullptr when `p` may be set by the user.
+const char *forbidden(const Property &p) {
+    const std::string &n = p.name;
+    if (n == "bootstrap.servers" || n == "metadata.broker.list")
+        return "set outbox.brokers instead of bootstrap.servers in outbox.kafka_config";
+    if (n == "enable.idempotence" && p.value != "true")
+        return "enable.idempotence must stay true: the relay relies on it for per-key order";
+    if ((n == "acks" || n == "request.required.acks") && p.value != "all" && p.value != "-1")
+        return "acks must stay \"all\": a message is marked published only once every in-sync "
+               "replica has it";
+    if (n == "transactional.id")
+        return "transactional.id is not supported: the relay uses an idempotent producer";
+    if (n == "log.queue") return "log.queue is set by the relay itself";
+    return nullptr;
+}
+
+}  // namespace
+
+bool parse_properties(std::string_view text, std::vector<Property> &out,
+                      std::string &error) noexcept {
+    try {
+        out.clear();
+        Token name, value;
+        bool in_value = false;
+        bool saw_anything = false;  // non-space content in this segment
+        std::size_t segment = 1;
+        auto end_segment = [&]() -> bool {
+            if (!saw_anything) {  // empty segment, e.g. "a=1;;b=2" or a trailing ';'
+                name.finish();
+                value.finish();
+                in_value = false;
+                return true;
+            }
+            if (!in_value) {
+                error = "segment " + std::to_string(segment) + " (\"" + name.finish() +
+                        "\") has no '=': expected name=value";
+                return false;
+            }
+            Property p{name.finish(), value.finish()};
+            if (p.name.empty()) {
+                error = "segment " + std::to_string(segment) + " has an empty property name";
+                return false;
+            }
+            out.push_back(std::move(p));
+            in_value = false;
+            saw_anything = false;
+            return true;
+        };
+        for (std::size_t i = 0; i < text.size(); ++i) {
+            char c = text[i];
+            bool escaped = false;
+            if (c == '\\') {
+                if (i + 1 == text.size()) {
+                    error = "the text ends with a lone backslash";
+                    return false;
+                }
+                c = text[++i];
+                escaped = true;
+            } else if (c == ';') {
+                if (!end_segment()) return false;
+                ++segment;
+                continue;
+            } else if (c == '=' && !in_value) {
+                in_value = true;
+                saw_anything = true;
+                continue;
+            }
+            if (escaped || !is_space(c)) saw_anything = true;
+            (in_value ? value : name).add(c, escaped);
+        }
+        return end_segment();
+    } catch (const std::exception &e) {
+        error = e.what();
+        return false;
+    }
+}
+
+bool check_properties(std::string_view text, char *errbuf, std::size_t errlen) noexcept {
+    try {
+        std::vector<Property> props;
+        std::string error;
+        if (!parse_properties(text, props, error)) {
+            std::snprintf(errbuf, errlen, "%s", error.c_str());
+            return false;
+        }
+        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf(rd_kafka_conf_new(),
+                                                                           rd_kafka_conf_destroy);
+        for (const Property &p : props) {
+            if (const char *why = forbidden(p)) {
+                std::snprintf(errbuf, errlen, "%s", why);
+                return false;
+            }
+            char rk_err[512];
+            if (rd_kafka_conf_set(conf.get(), p.name.c_str(), p.value.c_str(), rk_err,
+                                  sizeof rk_err) != RD_KAFKA_CONF_OK) {
+                // librdkafka names the canonical property, which may be an
+                // alias of what the user wrote: say both.
+                std::snprintf(errbuf, errlen, "%s=%s: %s", p.name.c_str(), p.value.c_str(),
+                              rk_err);
+                return false;
+            }
+        }
+        return true;
+    } catch (const std::exception &e) {
+        std::snprintf(errbuf, errlen, "%s", e.what());
+        return false;
+    }
+}
+
+}  // namespace outbox::kafka

@@ -1,0 +1,350 @@
+#include "outbox/pure_tu.h"
+#include "outbox/kafka/producer.h"
+
+#include "outbox/json/headers.h"
+#include "outbox/kafka/config.h"
+
+#include <librdkafka/rdkafka.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace outbox::kafka {
+
+namespace {
+
+constexpr uint64_t kIndexBits = 32;
+
+void *pack_opaque(uint32_t generation, uint32_t index) {
+    return reinterpret_cast<void *>((static_cast<uintptr_t>(generation) << kIndexBits) | index);
+}
+
+bool set(rd_kafka_conf_t *conf, const char *name, const std::string &value, std::string &error) {
+    char errstr[512];
+    if (rd_kafka_conf_set(conf, name, value.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+        error = errstr;
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+bool is_permanent_error(int err) noexcept {
+    switch (static_cast<rd_kafka_resp_err_t>(err)) {
+        case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+        case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+        case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+        case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+        case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+        case RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+        case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+        case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+        case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+        case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+        case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+        case RD_KAFKA_RESP_ERR__INVALID_ARG:
+        case RD_KAFKA_RESP_ERR__BAD_MSG:
+            return true;
+        default:
+            return false;
+    }
+}
+
+std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_fd,
+                                           std::string &error) noexcept {
+    try {
+        std::unique_ptr<Producer> p(new Producer());
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf_guard(
+            conf, rd_kafka_conf_destroy);
+
+        std::size_t queue_messages = std::max<std::size_t>(100000, 2 * settings.batch_size);
+        // Defaults that carry the delivery guarantees; outbox.kafka_config
+        // may tune the rest (and check_properties() refuses changing these).
+        if (!set(conf, "bootstrap.servers", settings.brokers, error) ||
+            !set(conf, "client.id", settings.client_id, error) ||
+            !set(conf, "enable.idempotence", "true", error) ||
+            !set(conf, "acks", "all", error) ||
+            !set(conf, "partitioner", "murmur2_random", error) ||
+            !set(conf, "linger.ms", "1", error) ||
+            !set(conf, "queue.buffering.max.messages", std::to_string(queue_messages), error) ||
+            !set(conf, "log.queue", "true", error))
+            return nullptr;
+
+        std::vector<Property> extra;
+        if (!parse_properties(settings.extra, extra, error)) {
+            error = "outbox.kafka_config: " + error;
+            return nullptr;
+        }
+        for (const Property &prop : extra)
+            if (!set(conf, prop.name.c_str(), prop.value, error)) return nullptr;
+
+        rd_kafka_conf_set_opaque(conf, p.get());
+        rd_kafka_conf_set_dr_msg_cb(conf, &Producer::on_delivery);
+        rd_kafka_conf_set_error_cb(conf, &Producer::on_error);
+        rd_kafka_conf_set_log_cb(conf, &Producer::on_log);
+
+        char errstr[512];
+        p->rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr);
+        if (!p->rk_) {
+            error = errstr;
+            return nullptr;  // conf is still ours: the guard destroys it
+        }
+        conf_guard.release();  // rd_kafka_new took it
+
+        // Logs go to the main queue too, so that every callback runs inside
+        // poll() on our thread.
+        rd_kafka_set_log_queue(p->rk_, nullptr);
+        p->main_queue_ = rd_kafka_queue_get_main(p->rk_);
+        static const char kWake = 'k';
+        rd_kafka_queue_io_event_enable(p->main_queue_, wakeup_fd, &kWake, 1);
+        return p;
+    } catch (const std::exception &e) {
+        error = e.what();
+        return nullptr;
+    }
+}
+
+Producer::~Producer() {
+    if (main_queue_) {
+        rd_kafka_queue_io_event_enable(main_queue_, -1, nullptr, 0);
+        rd_kafka_queue_destroy(main_queue_);
+    }
+    for (auto &t : topics_) rd_kafka_topic_destroy(t.second);
+    if (rk_) {
+        // Whatever is still queued is abandoned, never reported as acked.
+        rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_destroy(rk_);
+    }
+}
+
+rd_kafka_topic_s *Producer::topic_handle(std::string_view name) {
+    if (last_topic_ < topics_.size() && topics_[last_topic_].first == name)
+        return topics_[last_topic_].second;
+    for (std::size_t i = 0; i < topics_.size(); ++i)
+        if (topics_[i].first == name) {
+            last_topic_ = i;
+            return topics_[i].second;
+        }
+    std::string owned(name);
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk_, owned.c_str(), nullptr);
+    if (!rkt) return nullptr;
+    topics_.emplace_back(std::move(owned), rkt);
+    last_topic_ = topics_.size() - 1;
+    return rkt;
+}
+
+void Producer::fail(int64_t id, std::string error, bool permanent) {
+    failed_ids_.push_back(id);
+    failed_errors_.push_back(std::move(error));
+    failed_permanent_.push_back(permanent ? 1 : 0);
+}
+
+void Producer::add_log(LogLevel level, std::string text) {
+    log_level_.push_back(level);
+    log_text_.push_back(std::move(text));
+}
+
+void Producer::set_state(BrokerState s, const std::string &reason) {
+    if (s == state_) return;
+    BrokerState before = state_;
+    state_ = s;
+    if (s == BrokerState::Down)
+        add_log(LogLevel::Warning, "cannot reach Kafka, messages stay pending: " + reason);
+    else if (s == BrokerState::Up && before == BrokerState::Down)
+        add_log(LogLevel::Info, "Kafka is reachable again: " + reason);
+}
+
+void Producer::produce_one(const Record &r, uint32_t index) {
+    std::string_view key(r.key, r.key_len);
+    if (!held_keys_.empty() && held_keys_.count(std::string(key))) {
+        ++held_;
+        return;
+    }
+
+    // Headers: the caller's object, plus event_id = message_id unless set.
+    rd_kafka_headers_t *hdrs = nullptr;
+    std::string_view hjson(r.headers, r.headers_len);
+    std::vector<json::Header> decoded;
+    if (hjson != "{}") {
+        std::string error;
+        if (!json::decode_headers(hjson, decoded, error)) {
+            fail(r.id, error, true);
+            held_keys_.emplace(key);
+            return;
+        }
+    }
+    hdrs = rd_kafka_headers_new(decoded.size() + 1);
+    for (const json::Header &h : decoded)
+        rd_kafka_header_add(hdrs, h.name.data(), static_cast<ssize_t>(h.name.size()),
+                            h.value.data(), static_cast<ssize_t>(h.value.size()));
+    if (!json::has_header(decoded, "event_id"))
+        rd_kafka_header_add(hdrs, "event_id", 8, r.event_id, -1);
+
+    rd_kafka_topic_t *rkt = topic_handle(std::string_view(r.topic, r.topic_len));
+    if (!rkt) {
+        rd_kafka_headers_destroy(hdrs);
+        fail(r.id, rd_kafka_err2str(rd_kafka_last_error()), true);
+        held_keys_.emplace(key);
+        return;
+    }
+
+    batch_ids_[index] = r.id;
+    for (int waited_ms = 0;; waited_ms += 10) {
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+            rk_, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_VALUE(const_cast<char *>(r.value), r.value_len),
+            RD_KAFKA_V_KEY(r.key, r.key_len), RD_KAFKA_V_HEADERS(hdrs),
+            RD_KAFKA_V_OPAQUE(pack_opaque(generation_, index)), RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            ++in_flight_;  // librdkafka owns hdrs now
+            return;
+        }
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && waited_ms < 10000) {
+            // The local queue drains as deliveries complete; serve them.
+            rd_kafka_poll(rk_, 10);
+            continue;
+        }
+        rd_kafka_headers_destroy(hdrs);
+        std::string text = std::string(rd_kafka_err2str(err)) + " (" +
+                           std::to_string(r.value_len) + " byte value)";
+        fail(r.id, std::move(text), is_permanent_error(err));
+        held_keys_.emplace(key);
+        return;
+    }
+}
+
+void Producer::produce(const Record *records, std::size_t n) noexcept {
+    try {
+        ++generation_;
+        held_keys_.clear();
+        batch_ids_.assign(n, 0);
+        for (std::size_t i = 0; i < n; ++i) produce_one(records[i], static_cast<uint32_t>(i));
+    } catch (const std::exception &e) {
+        // Out of memory, in practice.  What was produced is in flight and
+        // will be reported; the rest stays pending.
+        add_log(LogLevel::Warning, std::string("producing a batch failed: ") + e.what());
+    }
+}
+
+void Producer::poll() noexcept {
+    try {
+        rd_kafka_poll(rk_, 0);
+    } catch (...) {
+        // Callbacks only append to vectors; nothing to undo.
+    }
+}
+
+void Producer::clear_resolved() noexcept {
+    acked_.clear();
+    failed_ids_.clear();
+    failed_errors_.clear();
+    failed_permanent_.clear();
+    held_ = 0;
+}
+
+void Producer::clear_log() noexcept {
+    log_level_.clear();
+    log_text_.clear();
+}
+
+void Producer::shutdown(int timeout_ms) noexcept {
+    try {
+        if (in_flight_ > 0) rd_kafka_flush(rk_, timeout_ms);
+        rd_kafka_poll(rk_, 0);
+        if (in_flight_ > 0) {
+            rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+            rd_kafka_poll(rk_, 0);  // purged records report __PURGE_*: ignored below
+        }
+    } catch (...) {
+    }
+}
+
+// The callbacks run inside rd_kafka_poll(), a C frame: nothing may be
+// thrown through it, so each one catches everything (bad_alloc, in practice).
+void Producer::on_delivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) {
+    try {
+        static_cast<Producer *>(opaque)->delivered(msg);
+    } catch (...) {
+    }
+}
+
+void Producer::delivered(const rd_kafka_message_t *msg) {
+    auto packed = reinterpret_cast<uintptr_t>(msg->_private);
+    auto generation = static_cast<uint32_t>(packed >> kIndexBits);
+    auto index = static_cast<uint32_t>(packed & 0xffffffffu);
+    if (generation != generation_ || index >= batch_ids_.size()) return;
+    if (in_flight_ > 0) --in_flight_;
+    int64_t id = batch_ids_[index];
+
+    if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        acked_.push_back(id);
+        set_state(BrokerState::Up, "a delivery was acknowledged");
+        last_logged_delivery_error_.clear();
+        return;
+    }
+    if (msg->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || msg->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
+        return;  // abandoned by shutdown(): the row stays pending, no attempt counted
+
+    // Not rd_kafka_message_errstr(): for a producer that returns the payload.
+    std::string text = rd_kafka_err2str(msg->err);
+    text += " (";
+    text += rd_kafka_err2name(msg->err);
+    text += ")";
+    last_error_ = text;
+    if (text != last_logged_delivery_error_) {
+        add_log(LogLevel::Warning, "delivery failed: " + text);
+        last_logged_delivery_error_ = text;
+    }
+    fail(id, std::move(text), is_permanent_error(msg->err));
+}
+
+void Producer::on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
+    try {
+        static_cast<Producer *>(opaque)->errored(rk, err, reason);
+    } catch (...) {
+    }
+}
+
+void Producer::errored(rd_kafka_t *rk, int err, const char *reason) {
+    auto code = static_cast<rd_kafka_resp_err_t>(err);
+    std::string text = reason ? reason : rd_kafka_err2str(code);
+    last_error_ = text;
+    if (code == RD_KAFKA_RESP_ERR__FATAL) {
+        char fatal[512];
+        rd_kafka_fatal_error(rk, fatal, sizeof fatal);
+        fatal_ = true;
+        last_error_ = fatal;
+        add_log(LogLevel::Warning,
+                      std::string("the Kafka producer hit a fatal error and is recreated: ") + fatal);
+        return;
+    }
+    if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+        set_state(BrokerState::Down, text);
+        return;
+    }
+    // Single-broker transport errors and the like: librdkafka retries them
+    // itself; keep them for the curious without flooding the log.
+    add_log(LogLevel::Debug, text);
+}
+
+void Producer::on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+    try {
+        if (auto *self = static_cast<Producer *>(rd_kafka_opaque(rk))) self->logged(level, fac, buf);
+    } catch (...) {
+    }
+}
+
+void Producer::logged(int level, const char *fac, const char *buf) {
+    // Connection failures also reach on_error, which logs state changes
+    // once; librdkafka's own copies of them stay at debug level.
+    bool duplicate = std::strcmp(fac, "FAIL") == 0 || std::strcmp(fac, "ERROR") == 0;
+    LogLevel l = LogLevel::Debug;
+    if (!duplicate) l = level <= 4 ? LogLevel::Warning : level <= 6 ? LogLevel::Info : LogLevel::Debug;
+    add_log(l, std::string("librdkafka ") + fac + ": " + buf);
+}
+
+}  // namespace outbox::kafka

@@ -1,0 +1,447 @@
+// The relay background worker.
+//
+// One worker per share of the message keys (outbox.workers).  Each loop:
+//
+//   1. claim up to outbox.batch_size pending rows of its share, in id order,
+//      FOR UPDATE SKIP LOCKED, in a transaction;
+//   2. hand them to the long-lived idempotent producer;
+//   3. wait for the delivery reports, at most outbox.batch_timeout;
+//   4. set published_at on exactly the acknowledged rows, count an attempt
+//      (and keep the error) on the failed ones, and commit.
+//
+// Records still unreported after batch_timeout stay inside librdkafka,
+// which keeps retrying them; the transaction commits without them, and the
+// worker claims nothing new until every one of them has a report ("draining"),
+// marking late acknowledgements in short transactions of their own.  So a
+// slow or unreachable Kafka never holds a transaction (nor the xmin horizon)
+// open for longer than batch_timeout, and a key's records never overtake
+// each other.
+//
+// The worker sleeps on one wait set: its latch (set by committing writers
+// and by signals), the pipe librdkafka writes to when a delivery report or
+// log line arrives, and postmaster death.
+//
+// Boundary: the Postgres-side functions below keep no C++ object with a
+// destructor on the stack; everything C++ lives in the process-wide
+// RelayState and is used through the noexcept Producer API, which reports
+// errors by value.  An ERROR inside an iteration is caught with PG_TRY,
+// logged, the transaction aborted, and the loop goes on after a backoff.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "outbox/kafka/producer.h"
+
+#include "outbox/pg.h"
+
+#include "outbox/guc.h"
+#include "outbox/outbox_queries.h"
+#include "outbox/relay_worker.h"
+#include "outbox/shmem.h"
+
+extern "C" {
+#include "access/xact.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+}
+
+namespace {
+
+using outbox::kafka::Producer;
+
+// Everything the worker keeps between iterations.  Allocated once with
+// new; never freed (the process exits), never on a Postgres stack frame.
+struct RelayState {
+    int index = 0;  // this worker's share: 0 .. outbox.workers-1
+    std::unique_ptr<Producer> producer;
+    char *built_brokers = nullptr;  // settings the producer was built from
+    char *built_config = nullptr;
+    TimestampTz reconfigure_deadline = 0;  // settings changed while records were in flight
+    int wake_pipe[2] = {-1, -1};
+    WaitEventSet *wait_set = nullptr;
+    TimestampTz next_claim_at = 0;  // backoff after failures
+    int backoff_ms = 0;
+    MemoryContext loop_context = nullptr;  // per-iteration allocations
+    bool said_no_brokers = false;
+    bool said_no_extension = false;
+    char last_connect_error[512] = "";
+};
+
+RelayState *relay = nullptr;
+
+constexpr int kBackoffMinMs = 250;
+constexpr int kBackoffMaxMs = 30000;
+
+// ---- C++ side: these never call Postgres and never throw ----
+
+bool kafka_connect(const char *brokers, const char *extra, const char *client_id,
+                   int batch_size, char *err, std::size_t errlen) noexcept {
+    try {
+        outbox::kafka::Settings s;
+        s.brokers = brokers;
+        s.extra = extra;
+        s.client_id = client_id;
+        s.batch_size = static_cast<std::size_t>(batch_size);
+        std::string error;
+        relay->producer = Producer::create(s, relay->wake_pipe[1], error);
+        if (!relay->producer) snprintf(err, errlen, "%s", error.c_str());
+        return relay->producer != nullptr;
+    } catch (const std::exception &e) {
+        snprintf(err, errlen, "%s", e.what());
+        return false;
+    }
+}
+
+// Flushes for up to flush_ms, then drops the producer; what it still held
+// is abandoned (stays pending in the table).
+void kafka_disconnect(int flush_ms) noexcept {
+    if (relay && relay->producer) {
+        relay->producer->shutdown(flush_ms);
+        relay->producer.reset();
+    }
+}
+
+// ---- Postgres side ----
+
+char *keep_string(char *old, const char *value) {
+    if (old) pfree(old);
+    return MemoryContextStrdup(TopMemoryContext, value ? value : "");
+}
+
+void drain_wake_pipe() {
+    char buf[64];
+    while (read(relay->wake_pipe[0], buf, sizeof buf) > 0) {
+    }
+}
+
+// Sleeps until the latch is set, librdkafka has something for us,
+// timeout_ms passes (-1: no timeout), or the postmaster dies (we exit).
+void relay_wait(long timeout_ms) {
+    WaitEvent events[3];
+    int n = WaitEventSetWait(relay->wait_set, timeout_ms, events, lengthof(events),
+                             PG_WAIT_EXTENSION);
+    for (int i = 0; i < n; i++) {
+        if (events[i].events & WL_LATCH_SET) ResetLatch(MyLatch);
+        if (events[i].events & WL_SOCKET_READABLE) drain_wake_pipe();
+    }
+    CHECK_FOR_INTERRUPTS();
+}
+
+void emit_kafka_log() {
+    Producer *p = relay->producer.get();
+    if (!p) return;
+    for (std::size_t i = 0; i < p->log_count(); i++) {
+        int level = p->log_level(i) == outbox::kafka::LogLevel::Warning ? WARNING
+                    : p->log_level(i) == outbox::kafka::LogLevel::Info  ? LOG
+                                                                        : DEBUG1;
+        ereport(level, (errmsg("pg outbox relay %d: %s", relay->index + 1, p->log_text(i))));
+    }
+    p->clear_log();
+}
+
+void backoff_after_failure() {
+    relay->backoff_ms = relay->backoff_ms == 0 ? kBackoffMinMs
+                                               : Min(relay->backoff_ms * 2, kBackoffMaxMs);
+    relay->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), relay->backoff_ms);
+}
+
+// Writes what the producer resolved (acks, failures) into the table.
+// Inside a transaction with SPI connected.
+void record_outcomes() {
+    Producer *p = relay->producer.get();
+    std::size_t acked = p->acked_count();
+    std::size_t failed = p->failed_count();
+    if (acked > 0) outbox_mark_published(p->acked_ids(), static_cast<int>(acked));
+    if (failed > 0) {
+        const char **errors = static_cast<const char **>(palloc(sizeof(char *) * failed));
+        for (std::size_t i = 0; i < failed; i++) errors[i] = p->failed_error(i);
+        outbox_record_failures(p->failed_ids(), errors, static_cast<int>(failed));
+    }
+    // Back off when nothing got through: Kafka is down or refusing.
+    if (acked > 0)
+        relay->backoff_ms = 0;
+    else if (failed > 0)
+        backoff_after_failure();
+    p->clear_resolved();
+}
+
+void begin_transaction(const char *activity) {
+    SetCurrentStatementStartTimestamp();
+    StartTransactionCommand();
+    SPI_connect();
+    PushActiveSnapshot(GetTransactionSnapshot());
+    pgstat_report_activity(STATE_RUNNING, activity);
+}
+
+void commit_transaction() {
+    SPI_finish();
+    PopActiveSnapshot();
+    CommitTransactionCommand();
+    MemoryContextSwitchTo(relay->loop_context);
+    pgstat_report_stat(false);
+    pgstat_report_activity(STATE_IDLE, nullptr);
+}
+
+// Waits for the batch's delivery reports until `deadline`.  A shutdown
+// request does not cut this short: the batch in flight is finished.
+void await_deliveries(TimestampTz deadline) {
+    Producer *p = relay->producer.get();
+    p->poll();
+    while (p->in_flight() > 0) {
+        long left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+        if (left <= 0) break;
+        relay_wait(left);
+        p->poll();
+    }
+}
+
+// One batch: claim, produce, wait, mark, commit.  Returns the number of
+// rows claimed (0: nothing pending, -1: the extension is not installed).
+int run_batch() {
+    int claimed = 0;
+    begin_transaction("pg outbox: publishing a batch");
+    if (!outbox_extension_ready()) {
+        claimed = -1;
+    } else {
+        outbox::kafka::Record *records;
+        claimed = outbox_claim_batch(outbox_batch_size, outbox_workers, relay->index, &records);
+        if (claimed > 0) {
+            relay->producer->produce(records, static_cast<std::size_t>(claimed));
+            await_deliveries(
+                TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms));
+            record_outcomes();
+        }
+    }
+    commit_transaction();
+    emit_kafka_log();
+    return claimed;
+}
+
+// Records still in flight from an earlier batch: wait a while for their
+// reports and write what came back in a short transaction.
+void drain_step(long wait_ms) {
+    Producer *p = relay->producer.get();
+    p->poll();
+    if (p->acked_count() == 0 && p->failed_count() == 0) {
+        relay_wait(wait_ms);
+        p->poll();
+    }
+    if (p->acked_count() > 0 || p->failed_count() > 0) {
+        begin_transaction("pg outbox: recording late deliveries");
+        if (outbox_extension_ready()) record_outcomes();
+        else p->clear_resolved();
+        commit_transaction();
+    }
+    emit_kafka_log();
+}
+
+// Makes relay->producer match the current settings, if it can.
+void ensure_producer() {
+    const char *brokers = outbox_brokers ? outbox_brokers : "";
+    const char *config = outbox_kafka_config ? outbox_kafka_config : "";
+    Producer *p = relay->producer.get();
+
+    if (p) {
+        bool same = strcmp(brokers, relay->built_brokers) == 0 &&
+                    strcmp(config, relay->built_config) == 0;
+        if (same && !p->fatal()) {
+            relay->reconfigure_deadline = 0;
+            return;
+        }
+        // Let what is in flight finish for a while; then abandon it (its
+        // rows stay pending and go out through the new producer).
+        if (p->in_flight() > 0) {
+            TimestampTz now = GetCurrentTimestamp();
+            if (relay->reconfigure_deadline == 0)
+                relay->reconfigure_deadline =
+                    TimestampTzPlusMilliseconds(now, outbox_batch_timeout_ms);
+            if (now < relay->reconfigure_deadline && !p->fatal()) return;
+        }
+        ereport(LOG, (errmsg("pg outbox relay %d: Kafka settings changed, reconnecting",
+                             relay->index + 1)));
+        drain_step(0);  // record what already came back
+        kafka_disconnect(0);
+        relay->reconfigure_deadline = 0;
+    }
+
+    if (brokers[0] == '\0') {
+        if (!relay->said_no_brokers)
+            ereport(LOG, (errmsg("pg outbox relay %d: outbox.brokers is empty; messages stay "
+                                 "pending until it is set",
+                                 relay->index + 1)));
+        relay->said_no_brokers = true;
+        return;
+    }
+    relay->said_no_brokers = false;
+
+    char client_id[NAMEDATALEN + 32];
+    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", outbox_database, relay->index + 1);
+    char err[512];
+    if (!kafka_connect(brokers, config, client_id, outbox_batch_size, err, sizeof err)) {
+        if (strcmp(err, relay->last_connect_error) != 0)
+            ereport(WARNING, (errmsg("pg outbox relay %d: cannot create the Kafka producer: %s",
+                                     relay->index + 1, err)));
+        strlcpy(relay->last_connect_error, err, sizeof relay->last_connect_error);
+        backoff_after_failure();
+        return;
+    }
+    relay->last_connect_error[0] = '\0';
+    relay->built_brokers = keep_string(relay->built_brokers, brokers);
+    relay->built_config = keep_string(relay->built_config, config);
+    ereport(LOG, (errmsg("pg outbox relay %d: producing to %s", relay->index + 1, brokers)));
+}
+
+// One turn of the main loop.  May ereport(ERROR); the caller recovers.
+void relay_iteration() {
+    if (ConfigReloadPending) {
+        ConfigReloadPending = false;
+        ProcessConfigFile(PGC_SIGHUP);
+    }
+
+    ensure_producer();
+    Producer *p = relay->producer.get();
+    TimestampTz now = GetCurrentTimestamp();
+
+    if (!p) {
+        relay_wait(relay->next_claim_at > now
+                       ? TimestampDifferenceMilliseconds(now, relay->next_claim_at)
+                       : outbox_poll_interval_ms);
+        return;
+    }
+    if (p->in_flight() > 0) {
+        drain_step(Min(outbox_poll_interval_ms, 1000));
+        return;
+    }
+    if (relay->next_claim_at > now) {
+        relay_wait(TimestampDifferenceMilliseconds(now, relay->next_claim_at));
+        return;
+    }
+
+    int claimed = run_batch();
+    if (claimed == -1) {
+        if (!relay->said_no_extension)
+            ereport(LOG, (errmsg("pg outbox relay %d: waiting for CREATE EXTENSION outbox in "
+                                 "database \"%s\"",
+                                 relay->index + 1, outbox_database)));
+        relay->said_no_extension = true;
+    } else {
+        relay->said_no_extension = false;
+    }
+    // A full batch means more may be waiting: go again without sleeping.
+    if (claimed < outbox_batch_size) relay_wait(outbox_poll_interval_ms);
+}
+
+void relay_iteration_guarded() {
+    PG_TRY();
+    {
+        relay_iteration();
+    }
+    PG_CATCH();
+    {
+        // The same recovery a backend does for a failed command.
+        HOLD_INTERRUPTS();
+        EmitErrorReport();
+        AbortCurrentTransaction();
+        FlushErrorState();
+        MemoryContextSwitchTo(relay->loop_context);
+        pgstat_report_activity(STATE_IDLE, nullptr);
+        RESUME_INTERRUPTS();
+        backoff_after_failure();
+    }
+    PG_END_TRY();
+}
+
+// Before the process goes: whatever the producer still holds is dropped.
+// Correctness never depends on this running (their rows are pending).
+void relay_on_exit(int, Datum) { kafka_disconnect(0); }
+
+// SIGTERM: give what is in flight a bounded time, record it, then go.
+void relay_finish() {
+    Producer *p = relay->producer.get();
+    if (p) {
+        TimestampTz deadline =
+            TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms);
+        while (p->in_flight() > 0 && GetCurrentTimestamp() < deadline)
+            drain_step(Min(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline), 100L));
+        drain_step(0);
+    }
+    kafka_disconnect(0);
+}
+
+}  // namespace
+
+void outbox_register_relay_workers(void) {
+    for (int i = 0; i < outbox_workers; i++) {
+        BackgroundWorker worker;
+        memset(&worker, 0, sizeof worker);
+        snprintf(worker.bgw_name, BGW_MAXLEN, "pg outbox relay %d", i + 1);
+        snprintf(worker.bgw_type, BGW_MAXLEN, "pg outbox relay");
+        worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+        // Only on a primary: on a standby the worker starts after promotion.
+        worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+        worker.bgw_restart_time = 5;
+        snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+        snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_relay_main");
+        worker.bgw_main_arg = Int32GetDatum(i);
+        RegisterBackgroundWorker(&worker);
+    }
+}
+
+extern "C" void outbox_relay_main(Datum main_arg) {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+    BackgroundWorkerUnblockSignals();
+
+    BackgroundWorkerInitializeConnection(outbox_database, nullptr, 0);
+    // The worker runs as a superuser: resolve nothing through a search
+    // path that other roles could write to.
+    SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+    pgstat_report_appname("pg outbox relay");
+
+    relay = new RelayState();
+    relay->index = DatumGetInt32(main_arg);
+    relay->built_brokers = keep_string(nullptr, "");
+    relay->built_config = keep_string(nullptr, "");
+    outbox_relay_slot_attach(relay->index, MyDatabaseId);
+
+    if (pipe2(relay->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
+        ereport(FATAL, (errmsg("pg outbox relay: could not create a pipe: %m")));
+#if PG_VERSION_NUM >= 170000
+    relay->wait_set = CreateWaitEventSet(nullptr, 3);
+#else
+    relay->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+#endif
+    AddWaitEventToSet(relay->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+    AddWaitEventToSet(relay->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    AddWaitEventToSet(relay->wait_set, WL_SOCKET_READABLE, relay->wake_pipe[0], nullptr, nullptr);
+    before_shmem_exit(relay_on_exit, 0);
+
+    ereport(LOG, (errmsg("pg outbox relay %d of %d started in database \"%s\"", relay->index + 1,
+                         outbox_workers, outbox_database)));
+
+    relay->loop_context = AllocSetContextCreate(TopMemoryContext, "pg outbox relay loop",
+                                                ALLOCSET_DEFAULT_SIZES);
+    while (!ShutdownRequestPending) {
+        MemoryContextSwitchTo(relay->loop_context);
+        relay_iteration_guarded();
+        MemoryContextReset(relay->loop_context);
+    }
+
+    relay_finish();
+    ereport(LOG, (errmsg("pg outbox relay %d stopped", relay->index + 1)));
+    proc_exit(0);
+}

@@ -1,0 +1,40 @@
+#include "outbox/wakeup.h"
+
+#include "outbox/shmem.h"
+
+extern "C" {
+#include "access/xact.h"
+}
+
+namespace {
+
+// Set by outbox.write(); read and cleared at the end of the transaction.
+bool wrote_in_this_transaction = false;
+
+// Runs after the commit is visible to other transactions (after
+// ProcArrayEndTransaction), so the relay that wakes up sees the rows.
+// Only commits that wrote a message wake it, and only once each.
+void on_xact_event(XactEvent event, void *) {
+    switch (event) {
+        case XACT_EVENT_COMMIT:
+        case XACT_EVENT_PARALLEL_COMMIT:
+            if (wrote_in_this_transaction) {
+                wrote_in_this_transaction = false;
+                outbox_wake_relays(MyDatabaseId);
+            }
+            break;
+        case XACT_EVENT_ABORT:
+        case XACT_EVENT_PARALLEL_ABORT:
+        case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere: the poll finds it
+            wrote_in_this_transaction = false;
+            break;
+        default:
+            break;
+    }
+}
+
+}  // namespace
+
+void outbox_wakeup_init(void) { RegisterXactCallback(on_xact_event, nullptr); }
+
+void outbox_wakeup_note_write(void) { wrote_in_this_transaction = true; }

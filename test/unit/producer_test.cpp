@@ -1,0 +1,367 @@
+// The relay's producer against librdkafka's in-process mock cluster: what
+// reaches Kafka, what is reported acked or failed, and what is held back.
+#include "outbox/kafka/producer.h"
+
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+using outbox::kafka::BrokerState;
+using outbox::kafka::Producer;
+using outbox::kafka::Record;
+
+namespace {
+
+// A mock cluster living for one test.
+struct MockCluster {
+    rd_kafka_t *rk = nullptr;
+    rd_kafka_mock_cluster_t *mc = nullptr;
+    explicit MockCluster(int brokers = 1) {
+        char err[256];
+        rd_kafka_conf_t *conf = rd_kafka_conf_new();
+        rd_kafka_conf_set(conf, "log_level", "0", err, sizeof err);
+        rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+        mc = rd_kafka_mock_cluster_new(rk, brokers);
+        rd_kafka_mock_topic_create(mc, "orders", 4, 1);
+    }
+    ~MockCluster() {
+        rd_kafka_mock_cluster_destroy(mc);
+        rd_kafka_destroy(rk);
+    }
+    std::string bootstraps() const { return rd_kafka_mock_cluster_bootstraps(mc); }
+};
+
+struct Pipe {
+    int fd[2];
+    Pipe() { EXPECT_EQ(pipe(fd), 0); }
+    ~Pipe() {
+        close(fd[0]);
+        close(fd[1]);
+    }
+    bool readable(int timeout_ms) {
+        pollfd p{fd[0], POLLIN, 0};
+        return ::poll(&p, 1, timeout_ms) > 0;
+    }
+};
+
+// Owns the strings a Record points to.
+struct Row {
+    int64_t id;
+    std::string topic, key, value, headers, event_id;
+    Record record() const {
+        return Record{id,           topic.data(), topic.size(),   key.data(),
+                      key.size(),   value.data(), value.size(),   headers.data(),
+                      headers.size(), event_id.c_str()};
+    }
+};
+
+std::vector<Record> records_of(const std::vector<Row> &rows) {
+    std::vector<Record> out;
+    for (const Row &r : rows) out.push_back(r.record());
+    return out;
+}
+
+std::string uuid_for(int64_t id) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "00000000-0000-7000-8000-%012lld", static_cast<long long>(id));
+    return buf;
+}
+
+Row row(int64_t id, std::string key, std::string headers = "{}", std::string topic = "orders") {
+    return Row{id, std::move(topic), std::move(key),
+               "{\"n\": " + std::to_string(id) + "}", std::move(headers), uuid_for(id)};
+}
+
+std::unique_ptr<Producer> make_producer(const MockCluster &c, int fd, std::string extra = "") {
+    outbox::kafka::Settings s;
+    s.brokers = c.bootstraps();
+    s.client_id = "producer-test";
+    s.extra = std::move(extra);
+    std::string error;
+    auto p = Producer::create(s, fd, error);
+    EXPECT_TRUE(p) << error;
+    return p;
+}
+
+// Polls until nothing is in flight or the time is up.
+void wait_all(Producer &p, int seconds = 15) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (p.in_flight() > 0 && std::chrono::steady_clock::now() < until) {
+        p.poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    p.poll();
+}
+
+std::set<int64_t> acked(const Producer &p) {
+    return std::set<int64_t>(p.acked_ids(), p.acked_ids() + p.acked_count());
+}
+
+struct Consumed {
+    std::string key, value;
+    int32_t partition;
+    std::map<std::string, std::string> headers;
+};
+
+// Reads every record of `topic` from the beginning with a real consumer.
+std::vector<Consumed> consume_all(const MockCluster &c, const std::string &topic, size_t expect) {
+    char err[256];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "bootstrap.servers", c.bootstraps().c_str(), err, sizeof err);
+    rd_kafka_conf_set(conf, "group.id", "producer-test", err, sizeof err);
+    rd_kafka_conf_set(conf, "auto.offset.reset", "earliest", err, sizeof err);
+    rd_kafka_t *consumer = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err);
+    rd_kafka_poll_set_consumer(consumer);
+    rd_kafka_topic_partition_list_t *subs = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(subs, topic.c_str(), RD_KAFKA_PARTITION_UA);
+    rd_kafka_subscribe(consumer, subs);
+    rd_kafka_topic_partition_list_destroy(subs);
+
+    std::vector<Consumed> out;
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (out.size() < expect && std::chrono::steady_clock::now() < until) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(consumer, 200);
+        if (!m) continue;
+        if (!m->err) {
+            Consumed c;
+            c.key.assign(static_cast<const char *>(m->key), m->key_len);
+            c.value.assign(static_cast<const char *>(m->payload), m->len);
+            c.partition = m->partition;
+            rd_kafka_headers_t *hdrs = nullptr;
+            if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                const char *name;
+                const void *val;
+                size_t size;
+                for (size_t i = 0; !rd_kafka_header_get_all(hdrs, i, &name, &val, &size); i++)
+                    c.headers[name] = std::string(static_cast<const char *>(val), size);
+            }
+            out.push_back(std::move(c));
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_consumer_close(consumer);
+    rd_kafka_destroy(consumer);
+    return out;
+}
+
+}  // namespace
+
+TEST(Producer, DeliversABatchAndReportsEveryAck) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows;
+    for (int i = 1; i <= 200; i++) rows.push_back(row(i, "key-" + std::to_string(i % 7)));
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    EXPECT_EQ(p->in_flight(), 200u);
+    wait_all(*p);
+    EXPECT_EQ(p->in_flight(), 0u);
+    EXPECT_EQ(p->acked_count(), 200u);
+    EXPECT_EQ(p->failed_count(), 0u);
+    std::set<int64_t> ids = acked(*p);
+    EXPECT_EQ(ids.size(), 200u);
+    EXPECT_EQ(*ids.begin(), 1);
+    EXPECT_EQ(*ids.rbegin(), 200);
+    EXPECT_EQ(p->broker_state(), BrokerState::Up);
+}
+
+TEST(Producer, WakesTheCallerThroughTheFd) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    Row r = row(1, "k");
+    Record rec = r.record();
+    p->produce(&rec, 1);
+    EXPECT_TRUE(pipe.readable(10000)) << "no wake-up byte for a delivery report";
+    wait_all(*p);
+    EXPECT_EQ(p->acked_count(), 1u);
+}
+
+TEST(Producer, RecordsCarryKeyValueHeadersAndEventId) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {
+        row(1, "order-1", R"({"event_type": "OrderCreated"})"),
+        row(2, "order-2", R"({"event_id": "caller-chose-this", "x": "y"})"),
+        row(3, "order-1"),
+    };
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    ASSERT_EQ(p->acked_count(), 3u);
+
+    auto got = consume_all(cluster, "orders", 3);
+    ASSERT_EQ(got.size(), 3u);
+    std::map<std::string, Consumed> by_value;
+    for (auto &c : got) by_value[c.value] = c;
+    const Consumed &a = by_value.at("{\"n\": 1}");
+    EXPECT_EQ(a.key, "order-1");
+    EXPECT_EQ(a.headers.at("event_type"), "OrderCreated");
+    EXPECT_EQ(a.headers.at("event_id"), uuid_for(1));
+    const Consumed &b = by_value.at("{\"n\": 2}");
+    EXPECT_EQ(b.headers.at("event_id"), "caller-chose-this");  // the caller's own id wins
+    EXPECT_EQ(b.headers.at("x"), "y");
+    const Consumed &c = by_value.at("{\"n\": 3}");
+    EXPECT_EQ(c.headers.size(), 1u);
+    EXPECT_EQ(c.headers.at("event_id"), uuid_for(3));
+    EXPECT_EQ(a.partition, c.partition) << "same key, same partition";
+}
+
+TEST(Producer, BadHeadersFailForGoodAndHoldTheKeysLaterRecords) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {row(1, "a"), row(2, "b", R"({"n": 1})"), row(3, "b"), row(4, "a"),
+                             row(5, "b")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{1, 4}));
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_EQ(p->failed_ids()[0], 2);
+    EXPECT_TRUE(p->failed_permanent(0));
+    EXPECT_NE(std::string(p->failed_error(0)).find("\"n\""), std::string::npos);
+    EXPECT_EQ(p->held_count(), 2u);  // 3 and 5: key "b" after the failure
+}
+
+TEST(Producer, OversizedRecordFailsAtOnceAndHoldsItsKey) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1], "message.max.bytes=2000");
+    Row big = row(1, "k");
+    big.value = "\"" + std::string(5000, 'x') + "\"";
+    std::vector<Row> rows = {big, row(2, "k"), row(3, "other")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{3}));
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_EQ(p->failed_ids()[0], 1);
+    EXPECT_TRUE(p->failed_permanent(0));
+    EXPECT_NE(std::string(p->failed_error(0)).find("5002 byte value"), std::string::npos)
+        << p->failed_error(0);
+    EXPECT_EQ(p->held_count(), 1u);
+}
+
+TEST(Producer, BrokerDownKeepsRecordsInFlightUntilItReturns) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1],
+                           "reconnect.backoff.ms=50;reconnect.backoff.max.ms=200");
+    // Connect first, so that the outage hits an established producer.
+    Row warm = row(1, "k");
+    Record wrec = warm.record();
+    p->produce(&wrec, 1);
+    wait_all(*p);
+    ASSERT_EQ(p->acked_count(), 1u);
+    p->clear_resolved();
+
+    rd_kafka_mock_broker_set_down(cluster.mc, -1);
+    std::vector<Row> rows;
+    for (int i = 2; i <= 50; i++) rows.push_back(row(i, "k"));
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (std::chrono::steady_clock::now() < until) {
+        p->poll();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(p->acked_count(), 0u) << "nothing may be acked while the broker is down";
+    EXPECT_EQ(p->failed_count(), 0u) << "librdkafka keeps retrying within message.timeout.ms";
+    EXPECT_EQ(p->in_flight(), 49u);
+    EXPECT_EQ(p->broker_state(), BrokerState::Down);
+
+    rd_kafka_mock_broker_set_up(cluster.mc, -1);
+    wait_all(*p, 30);
+    EXPECT_EQ(p->acked_count(), 49u);
+    EXPECT_EQ(p->broker_state(), BrokerState::Up);
+    bool said_down = false, said_up = false;
+    for (size_t i = 0; i < p->log_count(); i++) {
+        std::string t = p->log_text(i);
+        said_down |= t.find("cannot reach Kafka") != std::string::npos;
+        said_up |= t.find("reachable again") != std::string::npos;
+    }
+    EXPECT_TRUE(said_down);
+    EXPECT_TRUE(said_up);
+}
+
+TEST(Producer, DeliveryErrorsAreLoggedOncePerDistinctError) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1], "message.timeout.ms=300;retry.backoff.ms=10");
+    // Warm up, then make every Produce request fail with a retriable error
+    // until the records time out.
+    Row warm = row(1, "k");
+    Record wrec = warm.record();
+    p->produce(&wrec, 1);
+    wait_all(*p);
+    p->clear_resolved();
+    p->clear_log();
+    std::vector<rd_kafka_resp_err_t> errs(500, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS);
+    rd_kafka_mock_push_request_errors_array(cluster.mc, 0, errs.size(), errs.data());
+    std::vector<Row> rows;
+    for (int i = 2; i <= 30; i++) rows.push_back(row(i, "k" + std::to_string(i % 3)));
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    rd_kafka_mock_clear_request_errors(cluster.mc, 0);
+    EXPECT_EQ(p->acked_count(), 0u);
+    EXPECT_EQ(p->failed_count(), 29u);
+    for (size_t i = 0; i < p->failed_count(); i++) EXPECT_FALSE(p->failed_permanent(i));
+    size_t warnings = 0;
+    for (size_t i = 0; i < p->log_count(); i++)
+        if (std::string(p->log_text(i)).find("delivery failed") != std::string::npos) warnings++;
+    EXPECT_EQ(warnings, 1u) << "29 failures with the same error must log once";
+    std::string last = p->last_error();
+    EXPECT_NE(last.find("timed out"), std::string::npos) << last;
+    // The payload never leaks into error texts (they reach logs and the table).
+    for (size_t i = 0; i < p->failed_count(); i++)
+        EXPECT_EQ(std::string(p->failed_error(i)).find("\"n\""), std::string::npos)
+            << p->failed_error(i);
+}
+
+TEST(Producer, ShutdownAbandonsWhatIsInFlightWithoutReportingIt) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    rd_kafka_mock_broker_set_down(cluster.mc, -1);
+    std::vector<Row> rows = {row(1, "k"), row(2, "k")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    p->shutdown(200);
+    EXPECT_EQ(p->acked_count(), 0u);
+    EXPECT_EQ(p->failed_count(), 0u);
+}
+
+TEST(Producer, CreateReportsLibrdkafkasError) {
+    outbox::kafka::Settings s;
+    s.brokers = "localhost:1";
+    s.extra = "no.such.thing=1";
+    std::string error;
+    auto p = Producer::create(s, -1, error);
+    EXPECT_FALSE(p);
+    EXPECT_NE(error.find("no.such.thing"), std::string::npos) << error;
+}
+
+TEST(ErrorClass, PermanentVersusPassing) {
+    using outbox::kafka::is_permanent_error;
+    EXPECT_TRUE(is_permanent_error(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE));
+    EXPECT_TRUE(is_permanent_error(RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED));
+    EXPECT_TRUE(is_permanent_error(RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+    EXPECT_FALSE(is_permanent_error(RD_KAFKA_RESP_ERR__MSG_TIMED_OUT));
+    EXPECT_FALSE(is_permanent_error(RD_KAFKA_RESP_ERR__TRANSPORT));
+    EXPECT_FALSE(is_permanent_error(RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION));
+}
