@@ -76,6 +76,11 @@ struct RelayState {
     TimestampTz next_claim_at = 0;  // backoff after failures
     int backoff_ms = 0;
     MemoryContext loop_context = nullptr;  // per-iteration allocations
+    // The latch was set (a commit wrote a message, or a signal came) since
+    // the last claim took its snapshot.  A wait inside a batch consumes the
+    // latch; this remembers it, so such a commit is never left waiting for
+    // the poll tick.
+    bool woken = false;
     bool said_no_brokers = false;
     bool said_no_extension = false;
     char last_connect_error[512] = "";
@@ -135,7 +140,10 @@ void relay_wait(long timeout_ms) {
     int n = WaitEventSetWait(relay->wait_set, timeout_ms, events, lengthof(events),
                              PG_WAIT_EXTENSION);
     for (int i = 0; i < n; i++) {
-        if (events[i].events & WL_LATCH_SET) ResetLatch(MyLatch);
+        if (events[i].events & WL_LATCH_SET) {
+            ResetLatch(MyLatch);
+            relay->woken = true;
+        }
         if (events[i].events & WL_SOCKET_READABLE) drain_wake_pipe();
     }
     CHECK_FOR_INTERRUPTS();
@@ -213,6 +221,7 @@ void await_deliveries(TimestampTz deadline) {
 // rows claimed (0: nothing pending, -1: the extension is not installed).
 int run_batch() {
     int claimed = 0;
+    relay->woken = false;  // commits after this point are not in our snapshot
     begin_transaction("pg outbox: publishing a batch");
     if (!outbox_extension_ready()) {
         claimed = -1;
@@ -341,8 +350,9 @@ void relay_iteration() {
     } else {
         relay->said_no_extension = false;
     }
-    // A full batch means more may be waiting: go again without sleeping.
-    if (claimed < outbox_batch_size) relay_wait(outbox_poll_interval_ms);
+    // A full batch means more may be waiting, and a wake-up during the batch
+    // means a commit came after our snapshot: go again without sleeping.
+    if (claimed < outbox_batch_size && !relay->woken) relay_wait(outbox_poll_interval_ms);
 }
 
 void relay_iteration_guarded() {

@@ -69,6 +69,8 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
             !set(conf, "acks", "all", error) ||
             !set(conf, "partitioner", "murmur2_random", error) ||
             !set(conf, "linger.ms", "1", error) ||
+            // Reconnect within a second once Kafka is back (default: up to 10 s).
+            !set(conf, "reconnect.backoff.max.ms", "1000", error) ||
             !set(conf, "queue.buffering.max.messages", std::to_string(queue_messages), error) ||
             !set(conf, "log.queue", "true", error))
             return nullptr;

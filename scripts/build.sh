@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds and installs the extension (PGXS), and builds the unit tests and
+# the test broker (CMake, in build/).  Installing needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+make -s -j"$JOBS" PG_CONFIG="$PG_CONFIG" OUTBOX_WERROR=1
+make -s install PG_CONFIG="$PG_CONFIG" >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$JOBS" >/dev/null
+echo "build: extension installed into $("$PG_CONFIG" --pkglibdir); tools in build/"

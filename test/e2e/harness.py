@@ -1,0 +1,294 @@
+"""Test harness for the end-to-end and fault tests.
+
+Starts the project's test broker (build/outbox_test_broker) and a throwaway
+PostgreSQL cluster with the extension preloaded, consumes with a real
+librdkafka consumer (confluent_kafka) while messages are produced, and
+checks what arrived against what the database committed.
+
+Runs as root (Postgres then runs as the `postgres` user, via runuser) or as
+an ordinary user who can run initdb/pg_ctl.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import psycopg2
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("OUTBOX_BUILD_DIR", os.path.join(ROOT, "build"))
+BROKER_BIN = os.path.join(BUILD, "outbox_test_broker")
+
+
+def pg_bindir():
+    out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+PG_BIN = os.environ.get("OUTBOX_PG_BIN", pg_bindir())
+AS_ROOT = os.geteuid() == 0
+
+
+def as_postgres(cmd):
+    """The command, run as the postgres user when we are root."""
+    return (["runuser", "-u", "postgres", "--"] + cmd) if AS_ROOT else cmd
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, interval=0.1, what="condition"):
+    """Polls predicate() until it is truthy; raises AssertionError on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class TestBroker:
+    """The project's mock-cluster broker, with its fault controls."""
+
+    def __init__(self, topics=("order.events:4",), brokers=1):
+        self.dir = tempfile.mkdtemp(prefix="outbox-broker-")
+        self.control = os.path.join(self.dir, "control.sock")
+        bootstrap_file = os.path.join(self.dir, "bootstrap")
+        args = [BROKER_BIN, "--brokers", str(brokers), "--bootstrap-file", bootstrap_file,
+                "--control", self.control]
+        for t in topics:
+            args += ["--topic", t]
+        with open(os.path.join(self.dir, "broker.log"), "w") as log:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+        wait_until(lambda: os.path.exists(bootstrap_file) and os.path.exists(self.control),
+                   10, what="test broker start")
+        with open(bootstrap_file) as f:
+            self.bootstrap = f.read().strip()
+
+    def ctl(self, *command):
+        out = subprocess.run([BROKER_BIN, "ctl", self.control] + [str(c) for c in command],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"broker ctl {command}: {out.stdout}{out.stderr}")
+        return out.stdout.strip()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PgCluster:
+    """A throwaway cluster with shared_preload_libraries = 'outbox'."""
+
+    def __init__(self, settings=None, name="outbox-e2e"):
+        self.dir = tempfile.mkdtemp(prefix=name + "-")
+        os.chmod(self.dir, 0o755)
+        if AS_ROOT:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self.data = os.path.join(self.dir, "data")
+        self.logfile = os.path.join(self.dir, "postgres.log")
+        self.port = free_port()
+        subprocess.run(as_postgres([os.path.join(PG_BIN, "initdb"), "-D", self.data, "-A", "trust",
+                                    "-U", "postgres", "--no-sync"]),
+                       check=True, stdout=subprocess.DEVNULL)
+        conf = {
+            "port": self.port,
+            "listen_addresses": "''",
+            "unix_socket_directories": f"'{self.dir}'",
+            "shared_preload_libraries": "'outbox'",
+            "fsync": "off",
+            "log_line_prefix": "'%m [%p] %b '",
+            "max_connections": 50,
+        }
+        conf.update(settings or {})
+        self.append_conf(conf)
+
+    def append_conf(self, settings):
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            for k, v in settings.items():
+                f.write(f"{k} = {v}\n")
+
+    def pg_ctl(self, *args, check=True):
+        return subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_ctl"), "-D", self.data,
+                                           "-l", self.logfile] + list(args)),
+                              check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def start(self):
+        self.pg_ctl("-w", "-t", "60", "start")
+
+    def stop(self, mode="fast"):
+        self.pg_ctl("-w", "-t", "120", "-m", mode, "stop", check=False)
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def reload(self):
+        self.pg_ctl("reload")
+
+    def connect(self, dbname="postgres"):
+        conn = psycopg2.connect(host=self.dir, port=self.port, user="postgres", dbname=dbname)
+        conn.autocommit = True
+        return conn
+
+    def sql(self, query, params=None, dbname="postgres"):
+        """Runs one statement in its own connection; returns all rows (or [])."""
+        conn = self.connect(dbname)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(query, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def scalar(self, query, params=None, dbname="postgres"):
+        return self.sql(query, params, dbname)[0][0]
+
+    def pgbench(self, script, clients, transactions, dbname="postgres", extra=()):
+        """Runs a pgbench script file; returns the process (call .wait())."""
+        path = os.path.join(self.dir, f"bench-{time.monotonic_ns()}.sql")
+        with open(path, "w") as f:
+            f.write(script)
+        os.chmod(path, 0o644)
+        cmd = [os.path.join(PG_BIN, "pgbench"), "-n", "-h", self.dir, "-p", str(self.port),
+               "-U", "postgres", "-c", str(clients), "-j", str(min(clients, 4)),
+               "-t", str(transactions), "-f", path] + list(extra) + [dbname]
+        return subprocess.Popen(as_postgres(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def relay_pids(self):
+        return [r[0] for r in self.sql(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'")]
+
+    def log(self):
+        try:
+            with open(self.logfile, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def destroy(self):
+        self.stop("immediate")
+        if os.environ.get("OUTBOX_KEEP_TEST_DIRS"):
+            print(f"kept {self.dir}")
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Collector:
+    """A real consumer reading topics from the beginning in a thread."""
+
+    def __init__(self, bootstrap, topic="order.events", partitions=4):
+        self.records = []
+        self.errors = []
+        self.lock = threading.Lock()
+        self.stop_flag = threading.Event()
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": "outbox-e2e-verifier",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 10,
+            # Outage tests take the broker down on purpose: keep the
+            # consumer's connection errors out of the test output.
+            "log_level": 2,
+        })
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                              for p in range(partitions)])
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop_flag.is_set():
+            msgs = self.consumer.consume(num_messages=1000, timeout=0.1)
+            batch = []
+            for m in msgs:
+                if m.error():
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        self.errors.append(str(m.error()))
+                    continue
+                batch.append({
+                    "topic": m.topic(),
+                    "partition": m.partition(),
+                    "offset": m.offset(),
+                    "key": m.key().decode() if m.key() is not None else None,
+                    "value": m.value().decode() if m.value() is not None else None,
+                    "headers": {k: (v.decode() if v is not None else None)
+                                for k, v in (m.headers() or [])},
+                    "received": time.time(),
+                })
+            if batch:
+                with self.lock:
+                    self.records.extend(batch)
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.records)
+
+    def event_ids(self):
+        return {r["headers"].get("event_id") for r in self.snapshot()}
+
+    def close(self):
+        self.stop_flag.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+
+def committed_messages(cluster, dbname="postgres"):
+    """message_id text -> (id, key, payload, headers) for every committed row."""
+    rows = cluster.sql("SELECT message_id::text, id, key, payload::text, headers::text "
+                       "FROM outbox.outbox_message", dbname=dbname)
+    return {r[0]: (r[1], r[2], json.loads(r[3]), json.loads(r[4])) for r in rows}
+
+
+def verify(records, committed):
+    """What a user depends on, counted.
+
+    lost: committed messages never received.  duplicates: records received
+    more than once.  order_violations: a key's message received for the
+    first time after a later message (higher id) of the same key.  unknown:
+    records that match no committed message (rolled back, or wrong
+    event_id).  mismatched: key, value or headers differ from the row.
+    """
+    seen = {}
+    duplicates = unknown = mismatched = order_violations = 0
+    highest_by_key = {}
+    for r in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+        eid = r["headers"].get("event_id")
+        row = committed.get(eid)
+        if row is None:
+            unknown += 1
+            continue
+        row_id, key, payload, headers = row
+        if eid in seen:
+            duplicates += 1
+            continue
+        seen[eid] = r
+        expected_headers = dict(headers)
+        expected_headers.setdefault("event_id", eid)
+        if r["key"] != key or json.loads(r["value"]) != payload or r["headers"] != expected_headers:
+            mismatched += 1
+        if highest_by_key.get(key, 0) > row_id:
+            order_violations += 1
+        highest_by_key[key] = max(highest_by_key.get(key, 0), row_id)
+    lost = len(set(committed) - set(seen))
+    return {"written": len(committed), "delivered": len(seen), "lost": lost,
+            "duplicates": duplicates, "order_violations": order_violations,
+            "unknown": unknown, "mismatched": mismatched}

@@ -1,0 +1,201 @@
+"""End to end: services write with outbox.write(), the relay worker inside
+Postgres publishes, a real consumer checks what Kafka holds."""
+
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (Collector, PgCluster, TestBroker, committed_messages, verify,  # noqa: E402
+                     wait_until)
+
+ORDERS = """
+CREATE EXTENSION outbox;
+CREATE TABLE orders (id bigserial PRIMARY KEY, customer int NOT NULL, seq int NOT NULL,
+                     amount numeric NOT NULL, status text NOT NULL DEFAULT 'pending');
+"""
+
+# The seed's CreateOrder: the order and its event in one transaction.  Each
+# pgbench client writes its own keys (an aggregate's events are serialised
+# by the service), so id order is the order the events happened in.
+CREATE_ORDER = r"""
+\set k random(1, 25)
+\set amount random(1, 1000)
+BEGIN;
+INSERT INTO orders (customer, seq, amount) VALUES (:client_id, :k, :amount) RETURNING id AS order_id \gset
+SELECT outbox.write('order.events', 'customer-' || :client_id || '-' || :k,
+                    jsonb_build_object('order_id', :order_id, 'customer', :client_id,
+                                       'amount', :amount),
+                    jsonb_build_object('event_type', 'OrderCreated'));
+END;
+"""
+
+# Same flow, rolled back on purpose: nothing of it may reach Kafka.
+ROLLED_BACK = r"""
+BEGIN;
+INSERT INTO orders (customer, seq, amount) VALUES (:client_id, 0, 0) RETURNING id AS order_id \gset
+SELECT outbox.write('order.events', 'rolled-back-' || :client_id,
+                    jsonb_build_object('order_id', :order_id, 'rolled_back', true));
+ROLLBACK;
+"""
+
+
+class RelayEndToEnd(unittest.TestCase):
+    """One broker and one cluster for the class; each test cleans up."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.broker = TestBroker()
+        cls.pg = PgCluster({"outbox.brokers": f"'{cls.broker.bootstrap}'",
+                            "outbox.poll_interval": "'1h'",
+                            "outbox.batch_timeout": "'1s'"})
+        cls.pg.start()
+        conn = cls.pg.connect()
+        with conn.cursor() as cur:
+            cur.execute(ORDERS)
+        conn.close()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pg.destroy()
+        cls.broker.stop()
+
+    def pending(self):
+        return self.pg.scalar(
+            "SELECT count(*) FROM outbox.outbox_message WHERE published_at IS NULL")
+
+    def test_1_concurrent_writers_every_committed_message_arrives_in_key_order(self):
+        collector = Collector(self.broker.bootstrap)
+        try:
+            writers = self.pg.pgbench(CREATE_ORDER, clients=8, transactions=1250)
+            rollbacks = self.pg.pgbench(ROLLED_BACK, clients=2, transactions=500)
+            for p in (writers, rollbacks):
+                out, err = p.communicate(timeout=600)
+                self.assertEqual(p.returncode, 0, err)
+
+            committed = committed_messages(self.pg)
+            self.assertEqual(len(committed), 10000, "pgbench committed 8 x 1250 messages")
+            self.assertEqual(self.pg.scalar("SELECT count(*) FROM orders WHERE seq > 0"), 10000)
+            self.assertEqual(self.pg.scalar("SELECT count(*) FROM orders WHERE seq = 0"), 0,
+                             "rolled-back orders are gone")
+
+            wait_until(lambda: set(committed) <= collector.event_ids(), 120,
+                       what="every committed message at the consumer")
+            time.sleep(1)  # a late duplicate or rolled-back record would show up here
+            result = verify(collector.snapshot(), committed)
+            print(f"\n  concurrent writers: {result}")
+            self.assertEqual(result["lost"], 0)
+            self.assertEqual(result["unknown"], 0, "no record of a rolled-back transaction")
+            self.assertEqual(result["mismatched"], 0, "key, value and headers as written")
+            self.assertEqual(result["order_violations"], 0)
+            self.assertEqual(result["duplicates"], 0, "no crash, so no duplicate")
+            self.assertEqual(collector.errors, [])
+
+            # Every record carries its event_id header = message_id, and the
+            # caller's own headers.
+            for r in collector.snapshot():
+                self.assertIn(r["headers"]["event_id"], committed)
+                self.assertEqual(r["headers"]["event_type"], "OrderCreated")
+
+            # Exactly the acknowledged rows are marked, and all were.
+            wait_until(lambda: self.pending() == 0, 30, what="all rows marked published")
+            self.assertEqual(self.pg.scalar(
+                "SELECT count(*) FROM outbox.outbox_message "
+                "WHERE published_at < created_at OR attempts > 0"), 0)
+        finally:
+            collector.close()
+
+    def test_2_commit_wakes_the_relay_without_a_poll_tick(self):
+        # poll_interval is 1h: only the commit's wake-up can deliver this.
+        collector = Collector(self.broker.bootstrap)
+        try:
+            mid = self.pg.scalar("SELECT outbox.write('order.events', 'wake-1', '{\"n\": 1}')")
+            wait_until(lambda: mid in collector.event_ids(), 30,
+                       what="the record of a single commit")
+            # A rolled-back write wakes nobody and publishes nothing.
+            conn = self.pg.connect()
+            conn.autocommit = False
+            with conn.cursor() as cur:
+                cur.execute("SELECT outbox.write('order.events', 'wake-2', '{}')")
+                rolled = cur.fetchone()[0]
+            conn.rollback()
+            conn.close()
+            mid2 = self.pg.scalar("SELECT outbox.write('order.events', 'wake-3', '{}')")
+            wait_until(lambda: mid2 in collector.event_ids(), 30, what="the next commit")
+            self.assertNotIn(rolled, collector.event_ids())
+        finally:
+            collector.close()
+
+    def test_3_broker_down_keeps_rows_pending_until_it_returns(self):
+        collector = Collector(self.broker.bootstrap)
+        try:
+            self.broker.ctl("down")
+            ids = [r[0] for r in self.pg.sql(
+                "SELECT outbox.write('order.events', 'outage-' || (i % 3), "
+                "jsonb_build_object('i', i))::text FROM generate_series(1, 300) i")]
+            time.sleep(3)
+            # Nothing is marked published without an acknowledgement...
+            self.assertEqual(self.pg.scalar(
+                "SELECT count(*) FROM outbox.outbox_message "
+                "WHERE key LIKE 'outage-%%' AND published_at IS NOT NULL"), 0)
+            # ...and the relay holds no transaction open while it waits.
+            self.assertEqual(self.pg.scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg outbox relay' "
+                "AND xact_start < now() - interval '2 seconds'"), 0)
+            self.broker.ctl("up")
+            wait_until(lambda: set(ids) <= collector.event_ids(), 60,
+                       what="the backlog after the outage")
+            wait_until(lambda: self.pending() == 0, 30, what="the backlog marked published")
+            result = verify([r for r in collector.snapshot() if r["key"].startswith("outage-")],
+                            {k: v for k, v in committed_messages(self.pg).items() if k in ids})
+            self.assertEqual(result["lost"], 0)
+            self.assertEqual(result["order_violations"], 0)
+            # The outage is logged once when it starts, once when it ends.
+            log = self.pg.log()
+            self.assertEqual(log.count("cannot reach Kafka"), 1, log[-3000:])
+            self.assertEqual(log.count("Kafka is reachable again"), 1, log[-3000:])
+        finally:
+            collector.close()
+
+    def test_4_reload_applies_new_brokers(self):
+        # An empty outbox.brokers parks the relay; setting it and reloading
+        # starts publishing, with no restart and nothing lost.
+        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+        self.pg.reload()
+        wait_until(lambda: "outbox.brokers is empty" in self.pg.log(), 30,
+                   what="the relay to notice the empty broker list")
+        mid = self.pg.scalar("SELECT outbox.write('order.events', 'reload', '{}')::text")
+        time.sleep(1)
+        self.assertEqual(self.pg.scalar(
+            "SELECT published_at IS NULL FROM outbox.outbox_message WHERE message_id = %s",
+            (mid,)), True)
+        collector = Collector(self.broker.bootstrap)
+        try:
+            self.pg.sql(f"ALTER SYSTEM SET outbox.brokers = '{self.broker.bootstrap}'")
+            self.pg.reload()
+            wait_until(lambda: mid in collector.event_ids(), 60,
+                       what="the pending message after the reload")
+        finally:
+            collector.close()
+            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
+            self.pg.reload()
+
+    def test_5_sigterm_stops_the_relay_cleanly_and_restart_resumes(self):
+        collector = Collector(self.broker.bootstrap)
+        try:
+            self.pg.sql("SELECT outbox.write('order.events', 'stop-' || (i % 5), '{}') "
+                        "FROM generate_series(1, 2000) i")
+            self.pg.stop("fast")
+            self.assertIn("pg outbox relay 1 stopped", self.pg.log())
+            self.pg.start()
+            wait_until(lambda: self.pending() == 0, 60, what="the rest after a restart")
+            committed = committed_messages(self.pg)
+            stop_ids = {k for k, v in committed.items() if v[1].startswith("stop-")}
+            wait_until(lambda: stop_ids <= collector.event_ids(), 60, what="every stop- record")
+        finally:
+            collector.close()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
