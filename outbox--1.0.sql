@@ -20,10 +20,12 @@ CREATE TABLE outbox.outbox_message (
     headers       jsonb       NOT NULL DEFAULT '{}',
     created_at    timestamptz NOT NULL DEFAULT now(),
     published_at  timestamptz,
-    -- bookkeeping of the relay: failed delivery attempts and the last
-    -- error text librdkafka gave for this message.
+    -- bookkeeping of the relay: deliveries Kafka refused, the last error
+    -- text librdkafka gave, and when the relay gave up on the message
+    -- (after outbox.max_attempts refusals; outbox.retry() puts it back).
     attempts      integer     NOT NULL DEFAULT 0,
-    last_error    text
+    last_error    text,
+    parked_at     timestamptz
 );
 
 -- The relay scans only this index: it holds the pending rows, in id order.
@@ -120,6 +122,74 @@ AS $$
                     WHERE p.event_id = $1 AND p.expires_at > now())
 $$;
 
+-- Messages the relay gave up on: Kafka refused them outbox.max_attempts
+-- times for a reason that does not pass (too large, unknown topic, not
+-- authorised).  They block nothing; outbox.retry() puts one back.
+CREATE VIEW outbox.parked_messages AS
+    SELECT id, message_id, topic, key, created_at, parked_at, attempts, last_error,
+           pg_catalog.octet_length(payload::text) AS payload_bytes
+      FROM outbox.outbox_message
+     WHERE parked_at IS NOT NULL AND published_at IS NULL;
+
+-- Wakes the relay when the calling transaction commits (as outbox.write()
+-- does).  Internal: used by the retry functions.
+CREATE FUNCTION outbox._wake_relay_at_commit()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_wake_relay_at_commit'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+-- outbox.retry: puts one parked message back in line, with its attempts
+-- reset.  True when it was parked; false when it is pending or published
+-- already (nothing to do).  Unknown id: an error.
+CREATE FUNCTION outbox.retry(message_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF retry.message_id IS NULL THEN
+        RAISE EXCEPTION 'outbox.retry: message_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    UPDATE outbox.outbox_message m SET parked_at = NULL, attempts = 0
+     WHERE m.message_id = retry.message_id
+       AND m.parked_at IS NOT NULL AND m.published_at IS NULL;
+    IF FOUND THEN
+        PERFORM outbox._wake_relay_at_commit();
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM outbox.outbox_message m WHERE m.message_id = retry.message_id) THEN
+        RAISE EXCEPTION 'outbox.retry: no message with message_id %', retry.message_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- outbox.retry_parked: puts every parked message (of one topic, or all)
+-- back in line; returns how many.
+CREATE FUNCTION outbox.retry_parked(topic text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    UPDATE outbox.outbox_message m SET parked_at = NULL, attempts = 0
+     WHERE m.parked_at IS NOT NULL AND m.published_at IS NULL
+       AND (retry_parked.topic IS NULL OR m.topic = retry_parked.topic);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM outbox._wake_relay_at_commit();
+    END IF;
+    RETURN n;
+END
+$$;
+
 REVOKE ALL ON FUNCTION outbox.write(text, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox._wake_relay_at_commit() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.retry(uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.retry_parked(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.mark_processed(text, text, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.is_processed(text) FROM PUBLIC;

@@ -14,6 +14,7 @@ int outbox_batch_size = 1000;
 int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
 int outbox_workers = 1;
+int outbox_max_attempts = 10;
 }
 
 namespace {
@@ -69,6 +70,12 @@ void outbox_define_gucs(void) {
                             "Each owns a share of the message keys. Needs a restart.",
                             &outbox_workers, 1, 1, 32, PGC_POSTMASTER, 0, nullptr, nullptr,
                             nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.max_attempts", "Refusals by Kafka before a message is parked.",
+        "Counts only refusals that do not pass by themselves (record too large, unknown topic, "
+        "not authorised); an outage never parks a message.",
+        &outbox_max_attempts, 10, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
     MarkGUCPrefixReserved("outbox");
 }

@@ -12,7 +12,6 @@ extern "C" {
 namespace {
 
 SPIPlanPtr claim_plan = nullptr;
-SPIPlanPtr claim_share_plan = nullptr;
 SPIPlanPtr mark_plan = nullptr;
 SPIPlanPtr failure_plan = nullptr;
 SPIPlanPtr insert_plan = nullptr;
@@ -62,14 +61,13 @@ bool outbox_extension_ready(void) {
     return OidIsValid(get_extension_oid("outbox", true));
 }
 
-int outbox_claim_batch(int limit, int nworkers, int worker, outbox::kafka::Record **records) {
-    Oid types[3] = {INT4OID, INT4OID, INT4OID};
-    Datum values[3] = {Int32GetDatum(limit), Int32GetDatum(nworkers), Int32GetDatum(worker)};
-    SPIPlanPtr plan = nworkers > 1
-                          ? saved_plan(&claim_share_plan, outbox::sql::kClaimShare, 3, types)
-                          : saved_plan(&claim_plan, outbox::sql::kClaim, 1, types);
-
-    int rc = SPI_execute_plan(plan, values, nullptr, false, limit);
+int outbox_claim_batch(int limit, int nworkers, int worker, Datum skip_keys,
+                       outbox::kafka::Record **records) {
+    Oid types[4] = {INT4OID, TEXTARRAYOID, INT4OID, INT4OID};
+    Datum values[4] = {Int32GetDatum(limit), skip_keys, Int32GetDatum(nworkers),
+                       Int32GetDatum(worker)};
+    int rc = SPI_execute_plan(saved_plan(&claim_plan, outbox::sql::kClaim, 4, types), values,
+                              nullptr, false, limit);
     if (rc != SPI_OK_SELECT)
         elog(ERROR, "pg outbox: claiming pending messages failed: %s", SPI_result_code_string(rc));
 
@@ -97,6 +95,13 @@ int outbox_claim_batch(int limit, int nworkers, int worker, outbox::kafka::Recor
     return n;
 }
 
+Datum outbox_text_array(const char *const *values, const std::size_t *lengths, int n) {
+    Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+    for (int i = 0; i < n; i++)
+        elems[i] = PointerGetDatum(cstring_to_text_with_len(values[i], static_cast<int>(lengths[i])));
+    return PointerGetDatum(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
 void outbox_mark_published(const int64 *ids, int n) {
     if (n == 0) return;
     Oid types[1] = {INT8ARRAYOID};
@@ -107,17 +112,38 @@ void outbox_mark_published(const int64 *ids, int n) {
         elog(ERROR, "pg outbox: marking messages published failed: %s", SPI_result_code_string(rc));
 }
 
-void outbox_record_failures(const int64 *ids, const char *const *errors, int n) {
+void outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,
+                            int n, int max_attempts) {
     if (n == 0) return;
     Datum *texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-    for (int i = 0; i < n; i++) texts[i] = CStringGetTextDatum(errors[i]);
-    Oid types[2] = {INT8ARRAYOID, TEXTARRAYOID};
-    Datum values[2] = {int8_array(ids, n),
-                       PointerGetDatum(construct_array(texts, n, TEXTOID, -1, false, TYPALIGN_INT))};
-    int rc = SPI_execute_plan(saved_plan(&failure_plan, outbox::sql::kRecordFailures, 2, types), values, nullptr, false, 0);
-    if (rc != SPI_OK_UPDATE)
+    Datum *flags = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) {
+        texts[i] = CStringGetTextDatum(errors[i]);
+        flags[i] = BoolGetDatum(permanent[i]);
+    }
+    Oid types[4] = {INT8ARRAYOID, TEXTARRAYOID, BOOLARRAYOID, INT4OID};
+    Datum values[4] = {int8_array(ids, n),
+                       PointerGetDatum(construct_array(texts, n, TEXTOID, -1, false, TYPALIGN_INT)),
+                       PointerGetDatum(construct_array(flags, n, BOOLOID, 1, true, TYPALIGN_CHAR)),
+                       Int32GetDatum(max_attempts)};
+    int rc = SPI_execute_plan(saved_plan(&failure_plan, outbox::sql::kRecordFailures, 4, types),
+                              values, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE_RETURNING)
         elog(ERROR, "pg outbox: recording failed deliveries failed: %s",
              SPI_result_code_string(rc));
+    // One line per message parked now (rare); never the payload.
+    TupleDesc desc = SPI_tuptable->tupdesc;
+    for (uint64 i = 0; i < SPI_processed; i++) {
+        HeapTuple tup = SPI_tuptable->vals[i];
+        bool isnull;
+        if (!DatumGetBool(SPI_getbinval(tup, desc, 4, &isnull))) continue;
+        ereport(WARNING,
+                (errmsg("pg outbox: parked message %s (topic \"%s\") after %s refusals by Kafka",
+                        SPI_getvalue(tup, desc, 1), SPI_getvalue(tup, desc, 2),
+                        SPI_getvalue(tup, desc, 3)),
+                 errdetail("Last error: %s", SPI_getvalue(tup, desc, 5)),
+                 errhint("See outbox.parked_messages; outbox.retry(message_id) puts it back.")));
+    }
 }
 
 void outbox_insert_message(const pg_uuid_t *message_id, Datum topic, Datum key, Datum payload,

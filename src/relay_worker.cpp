@@ -1,21 +1,24 @@
 // The relay background worker.
 //
-// One worker per share of the message keys (outbox.workers).  Each loop:
+// One worker per share of the message keys (outbox.workers).  Each turn:
 //
 //   1. claim up to outbox.batch_size pending rows of its share, in id order,
-//      FOR UPDATE SKIP LOCKED, in a transaction;
+//      FOR UPDATE SKIP LOCKED, in a transaction, skipping parked rows and
+//      the keys that still have records in flight;
 //   2. hand them to the long-lived idempotent producer;
-//   3. wait for the delivery reports, at most outbox.batch_timeout;
-//   4. set published_at on exactly the acknowledged rows, count an attempt
-//      (and keep the error) on the failed ones, and commit.
+//   3. wait for this batch's delivery reports, at most outbox.batch_timeout;
+//   4. set published_at on exactly the acknowledged rows (of this batch and
+//      late ones of earlier batches), count a refusal on the failed ones
+//      (parking them after outbox.max_attempts), and commit.
 //
 // Records still unreported after batch_timeout stay inside librdkafka,
-// which keeps retrying them; the transaction commits without them, and the
-// worker claims nothing new until every one of them has a report ("draining"),
-// marking late acknowledgements in short transactions of their own.  So a
-// slow or unreachable Kafka never holds a transaction (nor the xmin horizon)
-// open for longer than batch_timeout, and a key's records never overtake
-// each other.
+// which keeps retrying them (message.timeout.ms is infinite by default);
+// the transaction commits without them.  Their keys are skipped by later
+// claims until they are reported, so a key's records never overtake each
+// other, while other keys go on.  A slow or unreachable Kafka therefore
+// never holds a transaction (nor the xmin horizon) open for longer than
+// batch_timeout.  When too much is in flight (an outage), the worker stops
+// claiming and only records late reports.
 //
 // The worker sleeps on one wait set: its latch (set by committing writers
 // and by signals), the pipe librdkafka writes to when a delivery report or
@@ -24,8 +27,8 @@
 // Boundary: the Postgres-side functions below keep no C++ object with a
 // destructor on the stack; everything C++ lives in the process-wide
 // RelayState and is used through the noexcept Producer API, which reports
-// errors by value.  An ERROR inside an iteration is caught with PG_TRY,
-// logged, the transaction aborted, and the loop goes on after a backoff.
+// errors by value.  An ERROR inside a turn is caught with PG_TRY, logged,
+// the transaction aborted, and the loop goes on after a backoff.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -89,6 +92,8 @@ struct RelayState {
 RelayState *relay = nullptr;
 
 constexpr int kBackoffMinMs = 250;
+// Records in flight beyond this many batches' worth stop new claims.
+constexpr std::size_t kMaxBatchesInFlight = 4;
 constexpr int kBackoffMaxMs = 30000;
 
 // ---- C++ side: these never call Postgres and never throw ----
@@ -173,17 +178,21 @@ void record_outcomes() {
     Producer *p = relay->producer.get();
     std::size_t acked = p->acked_count();
     std::size_t failed = p->failed_count();
-    if (acked > 0) outbox_mark_published(p->acked_ids(), static_cast<int>(acked));
+    if (acked > 0) {
+        outbox_mark_published(p->acked_ids(), static_cast<int>(acked));
+        relay->backoff_ms = 0;
+        relay->next_claim_at = 0;
+    }
     if (failed > 0) {
         const char **errors = static_cast<const char **>(palloc(sizeof(char *) * failed));
-        for (std::size_t i = 0; i < failed; i++) errors[i] = p->failed_error(i);
-        outbox_record_failures(p->failed_ids(), errors, static_cast<int>(failed));
+        bool *permanent = static_cast<bool *>(palloc(sizeof(bool) * failed));
+        for (std::size_t i = 0; i < failed; i++) {
+            errors[i] = p->failed_error(i);
+            permanent[i] = p->failed_permanent(i);
+        }
+        outbox_record_failures(p->failed_ids(), errors, permanent, static_cast<int>(failed),
+                               outbox_max_attempts);
     }
-    // Back off when nothing got through: Kafka is down or refusing.
-    if (acked > 0)
-        relay->backoff_ms = 0;
-    else if (failed > 0)
-        backoff_after_failure();
     p->clear_resolved();
 }
 
@@ -209,7 +218,7 @@ void commit_transaction() {
 void await_deliveries(TimestampTz deadline) {
     Producer *p = relay->producer.get();
     p->poll();
-    while (p->in_flight() > 0) {
+    while (p->batch_in_flight() > 0) {
         long left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
         if (left <= 0) break;
         relay_wait(left);
@@ -217,42 +226,65 @@ void await_deliveries(TimestampTz deadline) {
     }
 }
 
+// The keys with records in flight, as a text[] for the claim to skip.
+Datum in_flight_keys() {
+    Producer *p = relay->producer.get();
+    int n = static_cast<int>(p->snapshot_in_flight_keys());
+    const char **values = static_cast<const char **>(palloc(sizeof(char *) * (n > 0 ? n : 1)));
+    std::size_t *lengths = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (n > 0 ? n : 1)));
+    for (int i = 0; i < n; i++) {
+        values[i] = p->in_flight_key(static_cast<std::size_t>(i)).data();
+        lengths[i] = p->in_flight_key(static_cast<std::size_t>(i)).size();
+    }
+    return outbox_text_array(values, lengths, n);
+}
+
 // One batch: claim, produce, wait, mark, commit.  Returns the number of
 // rows claimed (0: nothing pending, -1: the extension is not installed).
 int run_batch() {
     int claimed = 0;
     relay->woken = false;  // commits after this point are not in our snapshot
+    Producer *p = relay->producer.get();
+    p->poll();  // late reports of earlier batches go into this transaction
     begin_transaction("pg outbox: publishing a batch");
     if (!outbox_extension_ready()) {
         claimed = -1;
+        p->clear_resolved();
     } else {
         outbox::kafka::Record *records;
-        claimed = outbox_claim_batch(outbox_batch_size, outbox_workers, relay->index, &records);
+        claimed = outbox_claim_batch(outbox_batch_size, outbox_workers, relay->index,
+                                     in_flight_keys(), &records);
         if (claimed > 0) {
-            relay->producer->produce(records, static_cast<std::size_t>(claimed));
+            p->produce(records, static_cast<std::size_t>(claimed));
             await_deliveries(
                 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms));
-            record_outcomes();
         }
+        bool any_acked = p->acked_count() > 0;
+        record_outcomes();
+        // Back off when a batch got nothing through: Kafka is down or
+        // refusing.  The next acknowledgement ends the backoff.
+        if (claimed > 0 && !any_acked) backoff_after_failure();
     }
     commit_transaction();
     emit_kafka_log();
     return claimed;
 }
 
-// Records still in flight from an earlier batch: wait a while for their
-// reports and write what came back in a short transaction.
+// Waits up to wait_ms for delivery reports (or the latch) and writes what
+// came back in a short transaction.
 void drain_step(long wait_ms) {
     Producer *p = relay->producer.get();
     p->poll();
-    if (p->acked_count() == 0 && p->failed_count() == 0) {
+    if (p->acked_count() == 0 && p->failed_count() == 0 && wait_ms > 0) {
         relay_wait(wait_ms);
         p->poll();
     }
     if (p->acked_count() > 0 || p->failed_count() > 0) {
         begin_transaction("pg outbox: recording late deliveries");
-        if (outbox_extension_ready()) record_outcomes();
-        else p->clear_resolved();
+        if (outbox_extension_ready())
+            record_outcomes();
+        else
+            p->clear_resolved();
         commit_transaction();
     }
     emit_kafka_log();
@@ -331,12 +363,13 @@ void relay_iteration() {
                        : outbox_poll_interval_ms);
         return;
     }
-    if (p->in_flight() > 0) {
-        drain_step(Min(outbox_poll_interval_ms, 1000));
-        return;
-    }
-    if (relay->next_claim_at > now) {
-        relay_wait(TimestampDifferenceMilliseconds(now, relay->next_claim_at));
+    // Backing off, or too much in flight: only record what comes back.
+    std::size_t cap = static_cast<std::size_t>(outbox_batch_size) * kMaxBatchesInFlight;
+    if (relay->next_claim_at > now || p->in_flight() >= cap) {
+        long wait_ms = relay->next_claim_at > now
+                           ? TimestampDifferenceMilliseconds(now, relay->next_claim_at)
+                           : outbox_poll_interval_ms;
+        drain_step(wait_ms);
         return;
     }
 
@@ -352,6 +385,7 @@ void relay_iteration() {
     }
     // A full batch means more may be waiting, and a wake-up during the batch
     // means a commit came after our snapshot: go again without sleeping.
+    // Otherwise sleep until a commit, a delivery report, or the poll tick.
     if (claimed < outbox_batch_size && !relay->woken) relay_wait(outbox_poll_interval_ms);
 }
 

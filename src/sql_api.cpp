@@ -118,4 +118,13 @@ Datum outbox_write(PG_FUNCTION_ARGS) {
     PG_RETURN_UUID_P(message_id);
 }
 
+PGDLLEXPORT Datum outbox_wake_relay_at_commit(PG_FUNCTION_ARGS);
+PG_FUNCTION_INFO_V1(outbox_wake_relay_at_commit);
+
+// outbox._wake_relay_at_commit() -> void
+Datum outbox_wake_relay_at_commit(PG_FUNCTION_ARGS) {
+    outbox_wakeup_note_write();
+    PG_RETURN_VOID();
+}
+
 }  // extern "C"

@@ -15,15 +15,23 @@ extern "C" {
 // True when CREATE EXTENSION outbox has run in this database.
 bool outbox_extension_ready(void);
 
-// Claims up to `limit` pending rows (share `worker` of `nworkers`) and
-// returns them as records pointing into SPI memory, valid until SPI_finish.
-int outbox_claim_batch(int limit, int nworkers, int worker, outbox::kafka::Record **records);
+// Claims up to `limit` pending rows of share `worker` of `nworkers`,
+// skipping the keys in `skip_keys` (a text[]), and returns them as records
+// pointing into SPI memory, valid until SPI_finish.
+int outbox_claim_batch(int limit, int nworkers, int worker, Datum skip_keys,
+                       outbox::kafka::Record **records);
+
+// A text[] datum of n strings (not NUL-terminated: lengths given).
+Datum outbox_text_array(const char *const *values, const std::size_t *lengths, int n);
 
 // Sets published_at on the rows Kafka acknowledged.
 void outbox_mark_published(const int64 *ids, int n);
 
-// Counts one failed attempt on each row and keeps its error text.
-void outbox_record_failures(const int64 *ids, const char *const *errors, int n);
+// Counts one failed attempt on each row and keeps its error text; parks a
+// row refused for good (`permanent`) for the max_attempts-th time, and logs
+// each row it parks.
+void outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,
+                            int n, int max_attempts);
 
 // outbox.write()'s insert.
 void outbox_insert_message(const pg_uuid_t *message_id, Datum topic, Datum key, Datum payload,

@@ -4,23 +4,18 @@
 
 namespace outbox::sql {
 
-// The relay's claim, in id order, skipping rows another transaction holds.
-// specs/relay_claim.spec runs this exact text, as it does kClaimShare and
-// kMarkPublished (test/unit/spec_sync_test.cpp checks it).
+// The relay's claim: pending rows in id order, skipping rows another
+// transaction holds, parked rows, keys that still have records in flight
+// ($2: a key's next record waits for the one before it), and keys outside
+// this worker's share ($4 of $3: each key always goes through the same
+// worker, so its records stay in order).  specs/relay_claim.spec runs this
+// exact text, as it does kMarkPublished (test/unit/spec_sync_test.cpp).
 inline constexpr const char kClaim[] =
     "SELECT id, message_id, topic, key, payload::text, headers::text"
     " FROM outbox.outbox_message"
-    " WHERE published_at IS NULL"
-    " ORDER BY id LIMIT $1"
-    " FOR UPDATE SKIP LOCKED";
-
-// The same for one of several workers: each owns the keys whose hash falls
-// in its share, so a key is always published by the same worker, in order.
-inline constexpr const char kClaimShare[] =
-    "SELECT id, message_id, topic, key, payload::text, headers::text"
-    " FROM outbox.outbox_message"
-    " WHERE published_at IS NULL"
-    " AND (pg_catalog.hashtext(key) & 2147483647) % $2 = $3"
+    " WHERE published_at IS NULL AND parked_at IS NULL"
+    " AND key <> ALL($2)"
+    " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
 
@@ -30,11 +25,16 @@ inline constexpr const char kMarkPublished[] =
     "UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp()"
     " WHERE id = ANY($1) AND published_at IS NULL";
 
-// Counts a failed attempt and keeps librdkafka's error text, per row.
+// Counts a failed attempt and keeps librdkafka's error text, per row; a
+// row Kafka refused for good ($3) for the $4th time is parked.  Returns the
+// rows, so that the relay can log what it parked.
 inline constexpr const char kRecordFailures[] =
-    "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error"
-    " FROM pg_catalog.unnest($1, $2) AS f(id, error)"
-    " WHERE m.id = f.id AND m.published_at IS NULL";
+    "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error,"
+    " parked_at = CASE WHEN f.permanent AND m.attempts + 1 >= $4"
+    " THEN pg_catalog.statement_timestamp() END"
+    " FROM pg_catalog.unnest($1, $2, $3) AS f(id, error, permanent)"
+    " WHERE m.id = f.id AND m.published_at IS NULL"
+    " RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL, m.last_error";
 
 // outbox.write()'s insert.
 inline constexpr const char kInsertMessage[] =

@@ -13,11 +13,10 @@ namespace outbox::kafka {
 
 namespace {
 
-constexpr uint64_t kIndexBits = 32;
+static_assert(sizeof(void *) >= sizeof(int64_t), "row ids travel as librdkafka opaques");
 
-void *pack_opaque(uint32_t generation, uint32_t index) {
-    return reinterpret_cast<void *>((static_cast<uintptr_t>(generation) << kIndexBits) | index);
-}
+void *id_opaque(int64_t id) { return reinterpret_cast<void *>(static_cast<intptr_t>(id)); }
+int64_t opaque_id(void *opaque) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(opaque)); }
 
 bool set(rd_kafka_conf_t *conf, const char *name, const std::string &value, std::string &error) {
     char errstr[512];
@@ -71,6 +70,10 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
             !set(conf, "linger.ms", "1", error) ||
             // Reconnect within a second once Kafka is back (default: up to 10 s).
             !set(conf, "reconnect.backoff.max.ms", "1000", error) ||
+            // Never give up on a record for a passing condition: an outage of
+            // any length only delays it, and a timed-out record could be
+            // overtaken by the next one of its key.  Refusals still fail.
+            !set(conf, "message.timeout.ms", "0", error) ||
             !set(conf, "queue.buffering.max.messages", std::to_string(queue_messages), error) ||
             !set(conf, "log.queue", "true", error))
             return nullptr;
@@ -159,7 +162,27 @@ void Producer::set_state(BrokerState s, const std::string &reason) {
         add_log(LogLevel::Info, "Kafka is reachable again: " + reason);
 }
 
-void Producer::produce_one(const Record &r, uint32_t index) {
+void Producer::land(int64_t id) {
+    auto it = flights_.find(id);
+    if (it == flights_.end()) return;
+    if (it->second.batch == batch_ && batch_outstanding_ > 0) --batch_outstanding_;
+    auto k = flight_keys_.find(*it->second.key);
+    flights_.erase(it);
+    if (k != flight_keys_.end() && --k->second == 0) flight_keys_.erase(k);
+}
+
+std::size_t Producer::snapshot_in_flight_keys() noexcept {
+    try {
+        key_snapshot_.clear();
+        for (const auto &k : flight_keys_) key_snapshot_.push_back(&k.first);
+        return key_snapshot_.size();
+    } catch (...) {
+        key_snapshot_.clear();
+        return 0;
+    }
+}
+
+void Producer::produce_one(const Record &r) {
     std::string_view key(r.key, r.key_len);
     if (!held_keys_.empty() && held_keys_.count(std::string(key))) {
         ++held_;
@@ -193,24 +216,27 @@ void Producer::produce_one(const Record &r, uint32_t index) {
         return;
     }
 
-    batch_ids_[index] = r.id;
+    // Register the flight first: the delivery report may be served by the
+    // rd_kafka_poll() below, before producev's caller sees the result.
+    auto key_it = flight_keys_.emplace(std::string(key), 0).first;
+    ++key_it->second;
+    flights_[r.id] = Flight{&key_it->first, batch_};
+    ++batch_outstanding_;
     for (int waited_ms = 0;; waited_ms += 10) {
         rd_kafka_resp_err_t err = rd_kafka_producev(
             rk_, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_VALUE(const_cast<char *>(r.value), r.value_len),
             RD_KAFKA_V_KEY(r.key, r.key_len), RD_KAFKA_V_HEADERS(hdrs),
-            RD_KAFKA_V_OPAQUE(pack_opaque(generation_, index)), RD_KAFKA_V_END);
-        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-            ++in_flight_;  // librdkafka owns hdrs now
-            return;
-        }
+            RD_KAFKA_V_OPAQUE(id_opaque(r.id)), RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return;  // librdkafka owns hdrs now
         if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && waited_ms < 10000) {
             // The local queue drains as deliveries complete; serve them.
             rd_kafka_poll(rk_, 10);
             continue;
         }
         rd_kafka_headers_destroy(hdrs);
+        land(r.id);
         std::string text = std::string(rd_kafka_err2str(err)) + " (" +
                            std::to_string(r.value_len) + " byte value)";
         fail(r.id, std::move(text), is_permanent_error(err));
@@ -221,10 +247,10 @@ void Producer::produce_one(const Record &r, uint32_t index) {
 
 void Producer::produce(const Record *records, std::size_t n) noexcept {
     try {
-        ++generation_;
+        ++batch_;
+        batch_outstanding_ = 0;
         held_keys_.clear();
-        batch_ids_.assign(n, 0);
-        for (std::size_t i = 0; i < n; ++i) produce_one(records[i], static_cast<uint32_t>(i));
+        for (std::size_t i = 0; i < n; ++i) produce_one(records[i]);
     } catch (const std::exception &e) {
         // Out of memory, in practice.  What was produced is in flight and
         // will be reported; the rest stays pending.
@@ -255,12 +281,15 @@ void Producer::clear_log() noexcept {
 
 void Producer::shutdown(int timeout_ms) noexcept {
     try {
-        if (in_flight_ > 0) rd_kafka_flush(rk_, timeout_ms);
+        if (!flights_.empty()) rd_kafka_flush(rk_, timeout_ms);
         rd_kafka_poll(rk_, 0);
-        if (in_flight_ > 0) {
+        if (!flights_.empty()) {
             rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
             rd_kafka_poll(rk_, 0);  // purged records report __PURGE_*: ignored below
         }
+        flights_.clear();  // whatever was not reported is abandoned
+        flight_keys_.clear();
+        batch_outstanding_ = 0;
     } catch (...) {
     }
 }
@@ -275,12 +304,9 @@ void Producer::on_delivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *op
 }
 
 void Producer::delivered(const rd_kafka_message_t *msg) {
-    auto packed = reinterpret_cast<uintptr_t>(msg->_private);
-    auto generation = static_cast<uint32_t>(packed >> kIndexBits);
-    auto index = static_cast<uint32_t>(packed & 0xffffffffu);
-    if (generation != generation_ || index >= batch_ids_.size()) return;
-    if (in_flight_ > 0) --in_flight_;
-    int64_t id = batch_ids_[index];
+    int64_t id = opaque_id(msg->_private);
+    if (flights_.find(id) == flights_.end()) return;  // abandoned by shutdown()
+    land(id);
 
     if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
         acked_.push_back(id);

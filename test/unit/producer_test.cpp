@@ -280,7 +280,7 @@ TEST(Producer, BrokerDownKeepsRecordsInFlightUntilItReturns) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     EXPECT_EQ(p->acked_count(), 0u) << "nothing may be acked while the broker is down";
-    EXPECT_EQ(p->failed_count(), 0u) << "librdkafka keeps retrying within message.timeout.ms";
+    EXPECT_EQ(p->failed_count(), 0u) << "an outage is no failure: librdkafka keeps retrying";
     EXPECT_EQ(p->in_flight(), 49u);
     EXPECT_EQ(p->broker_state(), BrokerState::Down);
 
@@ -296,6 +296,39 @@ TEST(Producer, BrokerDownKeepsRecordsInFlightUntilItReturns) {
     }
     EXPECT_TRUE(said_down);
     EXPECT_TRUE(said_up);
+}
+
+TEST(Producer, BatchesOverlapAndInFlightKeysAreListed) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1],
+                           "reconnect.backoff.ms=50;reconnect.backoff.max.ms=200");
+    Row warm = row(1, "warm");
+    Record wrec = warm.record();
+    p->produce(&wrec, 1);
+    wait_all(*p);
+    p->clear_resolved();
+
+    rd_kafka_mock_broker_set_down(cluster.mc, -1);
+    std::vector<Row> first = {row(10, "a"), row(11, "b"), row(12, "a")};
+    auto r1 = records_of(first);
+    p->produce(r1.data(), r1.size());
+    EXPECT_EQ(p->in_flight(), 3u);
+    EXPECT_EQ(p->batch_in_flight(), 3u);
+    std::vector<Row> second = {row(20, "c")};
+    auto r2 = records_of(second);
+    p->produce(r2.data(), r2.size());
+    EXPECT_EQ(p->in_flight(), 4u);
+    EXPECT_EQ(p->batch_in_flight(), 1u) << "only the last batch counts as the batch";
+    std::set<std::string> keys;
+    for (size_t i = 0, n = p->snapshot_in_flight_keys(); i < n; i++) keys.insert(p->in_flight_key(i));
+    EXPECT_EQ(keys, (std::set<std::string>{"a", "b", "c"}));
+
+    rd_kafka_mock_broker_set_up(cluster.mc, -1);
+    wait_all(*p, 30);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{10, 11, 12, 20}));
+    EXPECT_EQ(p->batch_in_flight(), 0u);
+    EXPECT_EQ(p->snapshot_in_flight_keys(), 0u);
 }
 
 TEST(Producer, DeliveryErrorsAreLoggedOncePerDistinctError) {

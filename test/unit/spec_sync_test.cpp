@@ -23,8 +23,6 @@ TEST(SpecSync, RelayClaimSpecRunsTheRelaysStatements) {
     ASSERT_FALSE(spec.empty()) << "specs/relay_claim.spec not found";
     EXPECT_NE(spec.find(outbox::sql::kClaim), std::string::npos)
         << "specs/relay_claim.spec must contain outbox::sql::kClaim verbatim";
-    EXPECT_NE(spec.find(outbox::sql::kClaimShare), std::string::npos)
-        << "specs/relay_claim.spec must contain outbox::sql::kClaimShare verbatim";
     EXPECT_NE(spec.find(outbox::sql::kMarkPublished), std::string::npos)
         << "specs/relay_claim.spec must contain outbox::sql::kMarkPublished verbatim";
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -59,18 +60,26 @@ public:
     Producer(const Producer &) = delete;
     Producer &operator=(const Producer &) = delete;
 
-    // Enqueues a batch, in order.  Only when in_flight() is 0.  A record
-    // librdkafka refuses at once (too large, bad headers, unknown topic) is
-    // a failure right away, and every later record of the same key in this
-    // batch is held back: neither produced nor failed, it stays pending so
-    // that the key's order is kept.
+    // Enqueues a batch, in order.  The caller must not pass a record whose
+    // key is in flight (see in_flight_key()): a key has records of one batch
+    // at a time in librdkafka.  A record librdkafka refuses at once (too
+    // large, bad headers, unknown topic) is a failure right away, and every
+    // later record of the same key in this batch is held back: neither
+    // produced nor failed, it stays pending so that the key's order is kept.
     void produce(const Record *records, std::size_t n) noexcept;
 
     // Serves delivery reports, logs and errors that have arrived.  Never blocks.
     void poll() noexcept;
 
-    // Records produced whose delivery report has not arrived yet.
-    std::size_t in_flight() const noexcept { return in_flight_; }
+    // Records produced whose delivery report has not arrived yet: of every
+    // batch, and of the last produce() call only.
+    std::size_t in_flight() const noexcept { return flights_.size(); }
+    std::size_t batch_in_flight() const noexcept { return batch_outstanding_; }
+
+    // The distinct keys of the records in flight, for the claim to skip:
+    // snapshot_in_flight_keys() takes the list, in_flight_key() reads it.
+    std::size_t snapshot_in_flight_keys() noexcept;
+    const std::string &in_flight_key(std::size_t i) const noexcept { return *key_snapshot_[i]; }
 
     // Outcomes since the last clear_resolved().
     std::size_t acked_count() const noexcept { return acked_.size(); }
@@ -103,7 +112,8 @@ public:
 private:
     Producer() = default;
     rd_kafka_topic_s *topic_handle(std::string_view name);
-    void produce_one(const Record &r, uint32_t index);
+    void produce_one(const Record &r);
+    void land(int64_t id);  // a record left flight (reported, or abandoned)
     void fail(int64_t id, std::string error, bool permanent);
     void add_log(LogLevel level, std::string text);
     void set_state(BrokerState s, const std::string &reason);
@@ -120,12 +130,18 @@ private:
     std::vector<std::pair<std::string, rd_kafka_topic_s *>> topics_;
     std::size_t last_topic_ = 0;
 
-    // The batch in flight: index -> row id.  The generation tags delivery
-    // reports so that a report can never be matched to the wrong batch.
-    std::vector<int64_t> batch_ids_;
-    uint32_t generation_ = 0;
-    std::size_t in_flight_ = 0;
-    std::unordered_set<std::string> held_keys_;
+    // Records in flight, by row id (the id is the librdkafka message
+    // opaque), and how many of them each key has.
+    struct Flight {
+        const std::string *key;  // points into flight_keys_
+        uint32_t batch;
+    };
+    std::unordered_map<int64_t, Flight> flights_;
+    std::unordered_map<std::string, uint32_t> flight_keys_;
+    std::vector<const std::string *> key_snapshot_;
+    uint32_t batch_ = 0;
+    std::size_t batch_outstanding_ = 0;
+    std::unordered_set<std::string> held_keys_;  // this batch's keys behind a failure
 
     std::vector<int64_t> acked_;
     std::vector<int64_t> failed_ids_;
