@@ -77,6 +77,7 @@ struct RelayState {
     int wake_pipe[2] = {-1, -1};
     WaitEventSet *wait_set = nullptr;
     TimestampTz next_claim_at = 0;  // backoff after failures
+    TimestampTz quiet_until = 0;    // after an ERROR: do nothing until then
     int backoff_ms = 0;
     MemoryContext loop_context = nullptr;  // per-iteration allocations
     // The latch was set (a commit wrote a message, or a signal came) since
@@ -290,8 +291,10 @@ void drain_step(long wait_ms) {
     emit_kafka_log();
 }
 
-// Makes relay->producer match the current settings, if it can.
-void ensure_producer() {
+// Makes relay->producer match the current settings, if it can.  Returns
+// false while the old producer is still finishing what it has in flight
+// after a settings change: no new claims then.
+bool ensure_producer() {
     const char *brokers = outbox_brokers ? outbox_brokers : "";
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     Producer *p = relay->producer.get();
@@ -301,7 +304,7 @@ void ensure_producer() {
                     strcmp(config, relay->built_config) == 0;
         if (same && !p->fatal()) {
             relay->reconfigure_deadline = 0;
-            return;
+            return true;
         }
         // Let what is in flight finish for a while; then abandon it (its
         // rows stay pending and go out through the new producer).
@@ -310,7 +313,7 @@ void ensure_producer() {
             if (relay->reconfigure_deadline == 0)
                 relay->reconfigure_deadline =
                     TimestampTzPlusMilliseconds(now, outbox_batch_timeout_ms);
-            if (now < relay->reconfigure_deadline && !p->fatal()) return;
+            if (now < relay->reconfigure_deadline && !p->fatal()) return false;
         }
         ereport(LOG, (errmsg("pg outbox relay %d: Kafka settings changed, reconnecting",
                              relay->index + 1)));
@@ -325,7 +328,7 @@ void ensure_producer() {
                                  "pending until it is set",
                                  relay->index + 1)));
         relay->said_no_brokers = true;
-        return;
+        return true;
     }
     relay->said_no_brokers = false;
 
@@ -338,12 +341,13 @@ void ensure_producer() {
                                      relay->index + 1, err)));
         strlcpy(relay->last_connect_error, err, sizeof relay->last_connect_error);
         backoff_after_failure();
-        return;
+        return true;
     }
     relay->last_connect_error[0] = '\0';
     relay->built_brokers = keep_string(relay->built_brokers, brokers);
     relay->built_config = keep_string(relay->built_config, config);
     ereport(LOG, (errmsg("pg outbox relay %d: producing to %s", relay->index + 1, brokers)));
+    return true;
 }
 
 // One turn of the main loop.  May ereport(ERROR); the caller recovers.
@@ -353,7 +357,12 @@ void relay_iteration() {
         ProcessConfigFile(PGC_SIGHUP);
     }
 
-    ensure_producer();
+    if (relay->quiet_until > GetCurrentTimestamp()) {
+        relay_wait(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), relay->quiet_until));
+        return;
+    }
+
+    bool may_claim = ensure_producer();
     Producer *p = relay->producer.get();
     TimestampTz now = GetCurrentTimestamp();
 
@@ -365,6 +374,10 @@ void relay_iteration() {
     }
     // Backing off, or too much in flight: only record what comes back.
     std::size_t cap = static_cast<std::size_t>(outbox_batch_size) * kMaxBatchesInFlight;
+    if (!may_claim) {
+        drain_step(100);  // the old producer finishes its flights, or its time runs out
+        return;
+    }
     if (relay->next_claim_at > now || p->in_flight() >= cap) {
         long wait_ms = relay->next_claim_at > now
                            ? TimestampDifferenceMilliseconds(now, relay->next_claim_at)
@@ -405,6 +418,7 @@ void relay_iteration_guarded() {
         pgstat_report_activity(STATE_IDLE, nullptr);
         RESUME_INTERRUPTS();
         backoff_after_failure();
+        relay->quiet_until = relay->next_claim_at;
     }
     PG_END_TRY();
 }

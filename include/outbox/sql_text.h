@@ -31,10 +31,12 @@ inline constexpr const char kMarkPublished[] =
 inline constexpr const char kRecordFailures[] =
     "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error,"
     " parked_at = CASE WHEN f.permanent AND m.attempts + 1 >= $4"
-    " THEN pg_catalog.statement_timestamp() END"
-    " FROM pg_catalog.unnest($1, $2, $3) AS f(id, error, permanent)"
+    " THEN pg_catalog.statement_timestamp() ELSE m.parked_at END"
+    " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3))"
+    " AS f(id, error, permanent)"
     " WHERE m.id = f.id AND m.published_at IS NULL"
-    " RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL, m.last_error";
+    " RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now,"
+    " m.last_error";
 
 // outbox.write()'s insert.
 inline constexpr const char kInsertMessage[] =

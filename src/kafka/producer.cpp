@@ -238,7 +238,9 @@ void Producer::produce_one(const Record &r) {
         rd_kafka_headers_destroy(hdrs);
         land(r.id);
         std::string text = std::string(rd_kafka_err2str(err)) + " (" +
-                           std::to_string(r.value_len) + " byte value)";
+                           std::to_string(r.value_len) + " byte value";
+        if (r.headers_len > 2) text += ", " + std::to_string(r.headers_len) + " bytes of headers";
+        text += ")";
         fail(r.id, std::move(text), is_permanent_error(err));
         held_keys_.emplace(key);
         return;

@@ -195,7 +195,8 @@ class PgCluster:
 class Collector:
     """A real consumer reading topics from the beginning in a thread."""
 
-    def __init__(self, bootstrap, topic="order.events", partitions=4):
+    def __init__(self, bootstrap, topic="order.events", partitions=4, label=0):
+        self.label = label  # orders records of several clusters: lower label first
         self.records = []
         self.errors = []
         self.lock = threading.Lock()
@@ -225,6 +226,7 @@ class Collector:
                         self.errors.append(str(m.error()))
                     continue
                 batch.append({
+                    "cluster": self.label,
                     "topic": m.topic(),
                     "partition": m.partition(),
                     "offset": m.offset(),
@@ -251,6 +253,108 @@ class Collector:
         self.consumer.close()
 
 
+ORDERS_SCHEMA = """
+CREATE EXTENSION IF NOT EXISTS outbox;
+CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, customer int NOT NULL,
+                                   seq int NOT NULL, amount numeric NOT NULL,
+                                   status text NOT NULL DEFAULT 'pending');
+"""
+
+# The seed's CreateOrder in one statement (one round trip, one transaction):
+# the order row and its event commit together.
+CREATE_ORDER_SQL = """
+WITH o AS (INSERT INTO orders (customer, seq, amount) VALUES (%(c)s, %(n)s, %(amount)s)
+           RETURNING id)
+SELECT outbox.write(%(topic)s, %(key)s,
+                    jsonb_build_object('order_id', o.id, 'client', %(c)s, 'n', %(n)s,
+                                       'note', %(note)s),
+                    %(headers)s)
+  FROM o
+"""
+
+
+class Writers:
+    """Concurrent service clients running CreateOrder, some rolled back.
+
+    Each client owns its keys (an aggregate's events are serialised by its
+    service), so id order is the order its events happened in.  A client
+    that loses its connection (server crash, restart) reconnects and goes
+    on; the outcome of the transaction in flight is whatever the database
+    says, which is what the checks read.
+    """
+
+    def __init__(self, cluster, clients=8, per_client=2500, rollback_every=10, keys=25,
+                 dbname="postgres", topic="order.events", special=None):
+        self.cluster = cluster
+        self.clients = clients
+        self.per_client = per_client
+        self.rollback_every = rollback_every
+        self.keys = keys
+        self.dbname = dbname
+        self.topic = topic
+        self.special = special or {}  # (client, n) -> note text (e.g. a huge payload)
+        self.done = 0
+        self.errors = 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(c,), daemon=True)
+                        for c in range(clients)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def join(self, timeout=600):
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self.threads):
+            raise AssertionError("writers did not finish")
+
+    def progress(self):
+        with self.lock:
+            return self.done
+
+    def _connect(self):
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                conn = self.cluster.connect(self.dbname)
+                conn.autocommit = False
+                return conn
+            except psycopg2.Error:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _run(self, c):
+        conn = self._connect()
+        for n in range(1, self.per_client + 1):
+            rollback = self.rollback_every and n % self.rollback_every == 0
+            params = {"c": c, "n": n, "amount": n % 1000, "topic": self.topic,
+                      "key": f"rolled-back-{c}" if rollback else f"c{c}-{n % self.keys}",
+                      "note": self.special.get((c, n), "rolled_back" if rollback else "ok"),
+                      "headers": '{"event_type": "OrderCreated"}'}
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(CREATE_ORDER_SQL, params)
+                if rollback:
+                    conn.rollback()
+                else:
+                    conn.commit()
+                    with self.lock:
+                        self.done += 1
+            except psycopg2.Error:
+                with self.lock:
+                    self.errors += 1
+                try:
+                    conn.close()
+                except psycopg2.Error:
+                    pass
+                conn = self._connect()
+        conn.close()
+
+
 def committed_messages(cluster, dbname="postgres"):
     """message_id text -> (id, key, payload, headers) for every committed row."""
     rows = cluster.sql("SELECT message_id::text, id, key, payload::text, headers::text "
@@ -261,6 +365,10 @@ def committed_messages(cluster, dbname="postgres"):
 def verify(records, committed):
     """What a user depends on, counted.
 
+    Records are taken in the order Kafka holds them: by partition and offset
+    (a key always lands on one partition), and, when they come from several
+    clusters (a broker switch), cluster by cluster in switch order.
+
     lost: committed messages never received.  duplicates: records received
     more than once.  order_violations: a key's message received for the
     first time after a later message (higher id) of the same key.  unknown:
@@ -270,7 +378,7 @@ def verify(records, committed):
     seen = {}
     duplicates = unknown = mismatched = order_violations = 0
     highest_by_key = {}
-    for r in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+    for r in sorted(records, key=lambda r: (r.get("cluster", 0), r["partition"], r["offset"])):
         eid = r["headers"].get("event_id")
         row = committed.get(eid)
         if row is None:

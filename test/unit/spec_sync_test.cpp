@@ -23,6 +23,8 @@ TEST(SpecSync, RelayClaimSpecRunsTheRelaysStatements) {
     ASSERT_FALSE(spec.empty()) << "specs/relay_claim.spec not found";
     EXPECT_NE(spec.find(outbox::sql::kClaim), std::string::npos)
         << "specs/relay_claim.spec must contain outbox::sql::kClaim verbatim";
+    EXPECT_NE(spec.find(outbox::sql::kRecordFailures), std::string::npos)
+        << "specs/relay_claim.spec must contain outbox::sql::kRecordFailures verbatim";
     EXPECT_NE(spec.find(outbox::sql::kMarkPublished), std::string::npos)
         << "specs/relay_claim.spec must contain outbox::sql::kMarkPublished verbatim";
 }
