@@ -13,6 +13,7 @@ namespace {
 
 SPIPlanPtr claim_plan = nullptr;
 SPIPlanPtr mark_plan = nullptr;
+SPIPlanPtr mark_claimed_plan = nullptr;
 SPIPlanPtr failure_plan = nullptr;
 SPIPlanPtr insert_plan = nullptr;
 
@@ -62,7 +63,7 @@ bool outbox_extension_ready(void) {
 }
 
 int outbox_claim_batch(int limit, int nworkers, int worker, Datum skip_keys,
-                       outbox::kafka::Record **records) {
+                       outbox::kafka::Record **records, ItemPointerData **ctids) {
     Oid types[4] = {INT4OID, TEXTARRAYOID, INT4OID, INT4OID};
     Datum values[4] = {Int32GetDatum(limit), skip_keys, Int32GetDatum(nworkers),
                        Int32GetDatum(worker)};
@@ -73,8 +74,10 @@ int outbox_claim_batch(int limit, int nworkers, int worker, Datum skip_keys,
 
     int n = static_cast<int>(SPI_processed);
     *records = nullptr;
+    *ctids = nullptr;
     if (n == 0) return 0;
 
+    auto *tids = static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * n));
     auto *recs = static_cast<outbox::kafka::Record *>(palloc(sizeof(outbox::kafka::Record) * n));
     char *event_ids = static_cast<char *>(palloc(static_cast<Size>(n) * (UUID_LEN * 2 + 5)));
     TupleDesc desc = SPI_tuptable->tupdesc;
@@ -90,8 +93,10 @@ int outbox_claim_batch(int limit, int nworkers, int worker, Datum skip_keys,
         r.key = text_bytes(SPI_getbinval(tup, desc, 4, &isnull), &r.key_len);
         r.value = text_bytes(SPI_getbinval(tup, desc, 5, &isnull), &r.value_len);
         r.headers = text_bytes(SPI_getbinval(tup, desc, 6, &isnull), &r.headers_len);
+        ItemPointerCopy(reinterpret_cast<ItemPointer>(DatumGetPointer(SPI_getbinval(tup, desc, 7, &isnull))), &tids[i]);
     }
     *records = recs;
+    *ctids = tids;
     return n;
 }
 
@@ -110,6 +115,24 @@ void outbox_mark_published(const int64 *ids, int n) {
     int rc = SPI_execute_plan(saved_plan(&mark_plan, outbox::sql::kMarkPublished, 1, types), values, nullptr, false, 0);
     if (rc != SPI_OK_UPDATE)
         elog(ERROR, "pg outbox: marking messages published failed: %s", SPI_result_code_string(rc));
+}
+
+void outbox_mark_claimed_published(const ItemPointerData *ctids, int n) {
+    if (n == 0) return;
+    Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) elems[i] = PointerGetDatum(&ctids[i]);
+    Oid types[1] = {TIDARRAYOID};
+    Datum values[1] = {PointerGetDatum(construct_array(elems, n, TIDOID, sizeof(ItemPointerData),
+                                                       false, TYPALIGN_SHORT))};
+    SetCurrentStatementStartTimestamp();
+    int rc = SPI_execute_plan(saved_plan(&mark_claimed_plan, outbox::sql::kMarkClaimedPublished, 1,
+                                         types),
+                              values, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "pg outbox: marking messages published failed: %s", SPI_result_code_string(rc));
+    if (SPI_processed != static_cast<uint64>(n))
+        elog(WARNING, "pg outbox: marked %llu of %d acknowledged rows published",
+             static_cast<unsigned long long>(SPI_processed), n);
 }
 
 void outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,

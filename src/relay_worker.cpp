@@ -95,6 +95,8 @@ RelayState *relay = nullptr;
 constexpr int kBackoffMinMs = 250;
 // Records in flight beyond this many batches' worth stop new claims.
 constexpr std::size_t kMaxBatchesInFlight = 4;
+// Acknowledgements marked while the rest of the batch is still awaited.
+constexpr std::size_t kMarkChunk = 200;
 constexpr int kBackoffMaxMs = 30000;
 
 // ---- C++ side: these never call Postgres and never throw ----
@@ -173,14 +175,56 @@ void backoff_after_failure() {
     relay->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), relay->backoff_ms);
 }
 
+// The rows this transaction claimed (and holds locked), in id order.
+struct ClaimedRows {
+    const outbox::kafka::Record *records;
+    const ItemPointerData *ctids;
+    int n;
+};
+
+// Where row `id` of this claim is, or nullptr (the claim is in id order).
+const ItemPointerData *claimed_ctid(const ClaimedRows &claimed, int64 id) {
+    int lo = 0, hi = claimed.n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (claimed.records[mid].id == id) return &claimed.ctids[mid];
+        if (claimed.records[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return nullptr;
+}
+
 // Writes what the producer resolved (acks, failures) into the table.
-// Inside a transaction with SPI connected.
-void record_outcomes() {
+// Inside a transaction with SPI connected.  Acknowledged rows of this
+// transaction's claim (`claimed`, may be null) are marked by ctid, the
+// others by id.  Returns how many were acknowledged.
+std::size_t record_outcomes(const ClaimedRows *claimed) {
     Producer *p = relay->producer.get();
     std::size_t acked = p->acked_count();
     std::size_t failed = p->failed_count();
     if (acked > 0) {
-        outbox_mark_published(p->acked_ids(), static_cast<int>(acked));
+        std::size_t batch_acked = p->batch_acked_count();
+        int64 *by_id = static_cast<int64 *>(palloc(sizeof(int64) * acked));
+        int n_by_id = 0;
+        for (std::size_t i = 0; i < p->late_acked_count(); i++) by_id[n_by_id++] = p->late_acked_ids()[i];
+        if (claimed && batch_acked > 0) {
+            ItemPointerData *tids =
+                static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * batch_acked));
+            int n_tids = 0;
+            for (std::size_t i = 0; i < batch_acked; i++) {
+                int64 id = p->batch_acked_ids()[i];
+                if (const ItemPointerData *t = claimed_ctid(*claimed, id))
+                    ItemPointerCopy(t, &tids[n_tids++]);
+                else
+                    by_id[n_by_id++] = id;
+            }
+            outbox_mark_claimed_published(tids, n_tids);
+        } else {
+            for (std::size_t i = 0; i < batch_acked; i++) by_id[n_by_id++] = p->batch_acked_ids()[i];
+        }
+        outbox_mark_published(by_id, n_by_id);
         relay->backoff_ms = 0;
         relay->next_claim_at = 0;
     }
@@ -195,6 +239,7 @@ void record_outcomes() {
                                outbox_max_attempts);
     }
     p->clear_resolved();
+    return acked;
 }
 
 void begin_transaction(const char *activity) {
@@ -216,15 +261,23 @@ void commit_transaction() {
 
 // Waits for the batch's delivery reports until `deadline`.  A shutdown
 // request does not cut this short: the batch in flight is finished.
-void await_deliveries(TimestampTz deadline) {
+// Acknowledgements are marked as they arrive, in chunks, so that marking
+// (the relay's biggest cost) overlaps the wait for the last ones.  Returns
+// how many were acknowledged (and marked) here.
+std::size_t await_deliveries(TimestampTz deadline, const ClaimedRows *claimed) {
     Producer *p = relay->producer.get();
+    std::size_t acked = 0;
     p->poll();
     while (p->batch_in_flight() > 0) {
+        if (p->acked_count() >= kMarkChunk) acked += record_outcomes(claimed);
         long left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
         if (left <= 0) break;
+        p->poll();
+        if (p->batch_in_flight() == 0 || p->acked_count() >= kMarkChunk) continue;
         relay_wait(left);
         p->poll();
     }
+    return acked;
 }
 
 // The keys with records in flight, as a text[] for the claim to skip.
@@ -253,18 +306,21 @@ int run_batch() {
         p->clear_resolved();
     } else {
         outbox::kafka::Record *records;
+        ItemPointerData *ctids;
         claimed = outbox_claim_batch(outbox_batch_size, outbox_workers, relay->index,
-                                     in_flight_keys(), &records);
+                                     in_flight_keys(), &records, &ctids);
+        ClaimedRows rows{records, ctids, claimed};
+        std::size_t acked = 0;
         if (claimed > 0) {
             p->produce(records, static_cast<std::size_t>(claimed));
-            await_deliveries(
-                TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms));
+            acked += await_deliveries(
+                TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms),
+                &rows);
         }
-        bool any_acked = p->acked_count() > 0;
-        record_outcomes();
+        acked += record_outcomes(claimed > 0 ? &rows : nullptr);
         // Back off when a batch got nothing through: Kafka is down or
         // refusing.  The next acknowledgement ends the backoff.
-        if (claimed > 0 && !any_acked) backoff_after_failure();
+        if (claimed > 0 && acked == 0) backoff_after_failure();
     }
     commit_transaction();
     emit_kafka_log();
@@ -283,7 +339,7 @@ void drain_step(long wait_ms) {
     if (p->acked_count() > 0 || p->failed_count() > 0) {
         begin_transaction("pg outbox: recording late deliveries");
         if (outbox_extension_ready())
-            record_outcomes();
+            record_outcomes(nullptr);  // no rows locked here: all by id
         else
             p->clear_resolved();
         commit_transaction();
@@ -468,6 +524,11 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     // The worker runs as a superuser: resolve nothing through a search
     // path that other roles could write to.
     SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+    // A queue is read in index order, whatever the statistics say: a
+    // backlog that arrived before autovacuum analysed the table must not
+    // turn each claim into a sequential scan and a full sort.
+    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
+    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
     pgstat_report_appname("pg outbox relay");
 
     relay = new RelayState();

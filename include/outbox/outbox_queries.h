@@ -8,6 +8,7 @@
 #include "outbox/sql_text.h"
 
 extern "C" {
+#include "storage/itemptr.h"
 #include "utils/uuid.h"
 }
 
@@ -16,15 +17,19 @@ extern "C" {
 bool outbox_extension_ready(void);
 
 // Claims up to `limit` pending rows of share `worker` of `nworkers`,
-// skipping the keys in `skip_keys` (a text[]), and returns them as records
-// pointing into SPI memory, valid until SPI_finish.
+// skipping the keys in `skip_keys` (a text[]), and returns them in id order
+// as records pointing into SPI memory, valid until SPI_finish, with their
+// ctids (the claim locked them: valid until the transaction ends).
 int outbox_claim_batch(int limit, int nworkers, int worker, Datum skip_keys,
-                       outbox::kafka::Record **records);
+                       outbox::kafka::Record **records, ItemPointerData **ctids);
+
+// Sets published_at on rows this transaction claimed, by ctid.
+void outbox_mark_claimed_published(const ItemPointerData *ctids, int n);
 
 // A text[] datum of n strings (not NUL-terminated: lengths given).
 Datum outbox_text_array(const char *const *values, const std::size_t *lengths, int n);
 
-// Sets published_at on the rows Kafka acknowledged.
+// Sets published_at on rows Kafka acknowledged, by id (any transaction).
 void outbox_mark_published(const int64 *ids, int n);
 
 // Counts one failed attempt on each row and keeps its error text; parks a

@@ -11,7 +11,7 @@ namespace outbox::sql {
 // worker, so its records stay in order).  specs/relay_claim.spec runs this
 // exact text, as it does kMarkPublished (test/unit/spec_sync_test.cpp).
 inline constexpr const char kClaim[] =
-    "SELECT id, message_id, topic, key, payload::text, headers::text"
+    "SELECT id, message_id, topic, key, payload::text, headers::text, ctid AS claimed_ctid"
     " FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL"
     " AND key <> ALL($2)"
@@ -19,8 +19,15 @@ inline constexpr const char kClaim[] =
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
 
-// Marks the rows Kafka acknowledged.  published_at is the time of the
-// acknowledgement (the statement's start), not of the claim.
+// Marks the rows of this transaction's claim that Kafka acknowledged, by
+// their ctid (a TID scan: no index lookup).  Only for rows this transaction
+// locked with the claim: nobody can have moved them since.  published_at is
+// the time of the acknowledgement (the statement's start), not of the claim.
+inline constexpr const char kMarkClaimedPublished[] =
+    "UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp()"
+    " WHERE ctid = ANY($1) AND published_at IS NULL";
+
+// Marks acknowledged rows of earlier batches (late), by id.
 inline constexpr const char kMarkPublished[] =
     "UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp()"
     " WHERE id = ANY($1) AND published_at IS NULL";

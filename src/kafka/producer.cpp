@@ -13,10 +13,11 @@ namespace outbox::kafka {
 
 namespace {
 
-static_assert(sizeof(void *) >= sizeof(int64_t), "row ids travel as librdkafka opaques");
+static_assert(sizeof(void *) >= sizeof(uint64_t), "opaques carry (generation, slot)");
 
-void *id_opaque(int64_t id) { return reinterpret_cast<void *>(static_cast<intptr_t>(id)); }
-int64_t opaque_id(void *opaque) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(opaque)); }
+void *slot_opaque(uint32_t generation, std::size_t index) {
+    return reinterpret_cast<void *>((static_cast<uintptr_t>(generation) << 32) | index);
+}
 
 bool set(rd_kafka_conf_t *conf, const char *name, const std::string &value, std::string &error) {
     char errstr[512];
@@ -68,6 +69,9 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
             !set(conf, "acks", "all", error) ||
             !set(conf, "partitioner", "murmur2_random", error) ||
             !set(conf, "linger.ms", "1", error) ||
+            // Requests go out at once (as the Java client does); with Nagle
+            // a pipelined request can wait for a delayed ACK.
+            !set(conf, "socket.nagle.disable", "true", error) ||
             // Reconnect within a second once Kafka is back (default: up to 10 s).
             !set(conf, "reconnect.backoff.max.ms", "1000", error) ||
             // Never give up on a record for a passing condition: an outage of
@@ -162,19 +166,35 @@ void Producer::set_state(BrokerState s, const std::string &reason) {
         add_log(LogLevel::Info, "Kafka is reachable again: " + reason);
 }
 
-void Producer::land(int64_t id) {
-    auto it = flights_.find(id);
-    if (it == flights_.end()) return;
-    if (it->second.batch == batch_ && batch_outstanding_ > 0) --batch_outstanding_;
-    auto k = flight_keys_.find(*it->second.key);
-    flights_.erase(it);
-    if (k != flight_keys_.end() && --k->second == 0) flight_keys_.erase(k);
+std::size_t Producer::batch_in_flight() const noexcept {
+    return !batches_.empty() && batches_.back().generation == generation_ ? batches_.back().pending
+                                                                           : 0;
+}
+
+Producer::Slot *Producer::find_slot(void *opaque, Batch **batch) {
+    auto packed = reinterpret_cast<uintptr_t>(opaque);
+    auto generation = static_cast<uint32_t>(packed >> 32);
+    auto index = static_cast<std::size_t>(packed & 0xffffffffu);
+    for (Batch &b : batches_) {
+        if (b.generation != generation) continue;
+        if (index >= b.slots.size() || !b.slots[index].pending) return nullptr;
+        *batch = &b;
+        return &b.slots[index];
+    }
+    return nullptr;  // abandoned by shutdown()
 }
 
 std::size_t Producer::snapshot_in_flight_keys() noexcept {
     try {
         key_snapshot_.clear();
-        for (const auto &k : flight_keys_) key_snapshot_.push_back(&k.first);
+        if (in_flight_ == 0) return 0;
+        std::unordered_set<std::string_view> seen;
+        for (const Batch &b : batches_)
+            for (const Slot &s : b.slots)
+                if (s.pending) {
+                    std::string_view k(b.keys.data() + s.key_offset, s.key_length);
+                    if (seen.insert(k).second) key_snapshot_.push_back(k);
+                }
         return key_snapshot_.size();
     } catch (...) {
         key_snapshot_.clear();
@@ -216,19 +236,22 @@ void Producer::produce_one(const Record &r) {
         return;
     }
 
-    // Register the flight first: the delivery report may be served by the
+    // Register the slot first: the delivery report may be served by the
     // rd_kafka_poll() below, before producev's caller sees the result.
-    auto key_it = flight_keys_.emplace(std::string(key), 0).first;
-    ++key_it->second;
-    flights_[r.id] = Flight{&key_it->first, batch_};
-    ++batch_outstanding_;
+    Batch &batch = batches_.back();
+    std::size_t index = batch.slots.size();
+    batch.slots.push_back(Slot{r.id, static_cast<uint32_t>(batch.keys.size()),
+                               static_cast<uint32_t>(r.key_len), true});
+    batch.keys.append(r.key, r.key_len);
+    ++batch.pending;
+    ++in_flight_;
     for (int waited_ms = 0;; waited_ms += 10) {
         rd_kafka_resp_err_t err = rd_kafka_producev(
             rk_, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_VALUE(const_cast<char *>(r.value), r.value_len),
             RD_KAFKA_V_KEY(r.key, r.key_len), RD_KAFKA_V_HEADERS(hdrs),
-            RD_KAFKA_V_OPAQUE(id_opaque(r.id)), RD_KAFKA_V_END);
+            RD_KAFKA_V_OPAQUE(slot_opaque(generation_, index)), RD_KAFKA_V_END);
         if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return;  // librdkafka owns hdrs now
         if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && waited_ms < 10000) {
             // The local queue drains as deliveries complete; serve them.
@@ -236,7 +259,9 @@ void Producer::produce_one(const Record &r) {
             continue;
         }
         rd_kafka_headers_destroy(hdrs);
-        land(r.id);
+        batches_.back().slots[index].pending = false;
+        --batches_.back().pending;
+        --in_flight_;
         std::string text = std::string(rd_kafka_err2str(err)) + " (" +
                            std::to_string(r.value_len) + " byte value";
         if (r.headers_len > 2) text += ", " + std::to_string(r.headers_len) + " bytes of headers";
@@ -249,8 +274,13 @@ void Producer::produce_one(const Record &r) {
 
 void Producer::produce(const Record *records, std::size_t n) noexcept {
     try {
-        ++batch_;
-        batch_outstanding_ = 0;
+        // Acks not yet taken belong to the batch before: they are late now.
+        acked_late_.insert(acked_late_.end(), acked_.begin(), acked_.end());
+        acked_.clear();
+        while (!batches_.empty() && batches_.front().pending == 0) batches_.pop_front();
+        batches_.emplace_back();
+        batches_.back().generation = ++generation_;
+        batches_.back().slots.reserve(n);
         held_keys_.clear();
         for (std::size_t i = 0; i < n; ++i) produce_one(records[i]);
     } catch (const std::exception &e) {
@@ -270,6 +300,7 @@ void Producer::poll() noexcept {
 
 void Producer::clear_resolved() noexcept {
     acked_.clear();
+    acked_late_.clear();
     failed_ids_.clear();
     failed_errors_.clear();
     failed_permanent_.clear();
@@ -283,15 +314,15 @@ void Producer::clear_log() noexcept {
 
 void Producer::shutdown(int timeout_ms) noexcept {
     try {
-        if (!flights_.empty()) rd_kafka_flush(rk_, timeout_ms);
+        if (in_flight_ > 0) rd_kafka_flush(rk_, timeout_ms);
         rd_kafka_poll(rk_, 0);
-        if (!flights_.empty()) {
+        if (in_flight_ > 0) {
             rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
             rd_kafka_poll(rk_, 0);  // purged records report __PURGE_*: ignored below
         }
-        flights_.clear();  // whatever was not reported is abandoned
-        flight_keys_.clear();
-        batch_outstanding_ = 0;
+        batches_.clear();  // whatever was not reported is abandoned
+        key_snapshot_.clear();
+        in_flight_ = 0;
     } catch (...) {
     }
 }
@@ -306,12 +337,26 @@ void Producer::on_delivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *op
 }
 
 void Producer::delivered(const rd_kafka_message_t *msg) {
-    int64_t id = opaque_id(msg->_private);
-    if (flights_.find(id) == flights_.end()) return;  // abandoned by shutdown()
-    land(id);
+    Batch *batch = nullptr;
+    Slot *slot = find_slot(msg->_private, &batch);
+    if (!slot) return;
+    int64_t id = slot->id;
+    bool this_batch = batch->generation == generation_;
+    slot->pending = false;
+    --batch->pending;
+    --in_flight_;
+    // A reported batch that is not the current one is forgotten; the
+    // current one stays until the next produce() (it may be looked at).
+    if (batch->pending == 0 && !this_batch) {
+        for (auto it = batches_.begin(); it != batches_.end(); ++it)
+            if (&*it == batch) {
+                batches_.erase(it);
+                break;
+            }
+    }
 
     if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        acked_.push_back(id);
+        (this_batch ? acked_ : acked_late_).push_back(id);
         set_state(BrokerState::Up, "a delivery was acknowledged");
         last_logged_delivery_error_.clear();
         return;

@@ -31,6 +31,9 @@
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <poll.h>
@@ -119,6 +122,32 @@ std::string run_command(rd_kafka_mock_cluster_t *mc, const std::string &line) {
     }
     if (err) return std::string("error ") + rd_kafka_err2str(err);
     return "ok";
+}
+
+// Real Kafka brokers set TCP_NODELAY on their connections; the mock cluster
+// does not, and with Nagle's algorithm on its side a response written while
+// another is unacknowledged waits for the client's delayed ACK (40 ms on
+// Linux) - a latency no real broker has.  We cannot reach the mock's
+// sockets through its API, so we set the option on every TCP socket of this
+// process: the listeners (accepted connections inherit it) and, on each
+// pass, connections accepted since.
+void disable_nagle_everywhere() {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return;
+    while (dirent *e = readdir(d)) {
+        int fd = std::atoi(e->d_name);
+        if (fd <= 2) continue;
+        int type = 0;
+        socklen_t len = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+        sockaddr_storage addr{};
+        socklen_t alen = sizeof addr;
+        if (getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &alen) != 0) continue;
+        if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) continue;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    closedir(d);
 }
 
 int open_control_socket(const std::string &path) {
@@ -244,13 +273,15 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     int control = control_path.empty() ? -1 : open_control_socket(control_path);
+    disable_nagle_everywhere();
     while (!stop_requested) {
+        disable_nagle_everywhere();
         if (control < 0) {
-            pause();
+            usleep(200 * 1000);
             continue;
         }
         pollfd p{control, POLLIN, 0};
-        if (poll(&p, 1, 500) > 0) {
+        if (poll(&p, 1, 200) > 0) {
             int client = accept(control, nullptr, nullptr);
             if (client >= 0) {
                 serve_client(mc, client);

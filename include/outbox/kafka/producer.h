@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -73,17 +74,23 @@ public:
 
     // Records produced whose delivery report has not arrived yet: of every
     // batch, and of the last produce() call only.
-    std::size_t in_flight() const noexcept { return flights_.size(); }
-    std::size_t batch_in_flight() const noexcept { return batch_outstanding_; }
+    std::size_t in_flight() const noexcept { return in_flight_; }
+    std::size_t batch_in_flight() const noexcept;
 
     // The distinct keys of the records in flight, for the claim to skip:
     // snapshot_in_flight_keys() takes the list, in_flight_key() reads it.
     std::size_t snapshot_in_flight_keys() noexcept;
-    const std::string &in_flight_key(std::size_t i) const noexcept { return *key_snapshot_[i]; }
+    // Valid until the next call of poll(), produce() or shutdown().
+    std::string_view in_flight_key(std::size_t i) const noexcept { return key_snapshot_[i]; }
 
-    // Outcomes since the last clear_resolved().
-    std::size_t acked_count() const noexcept { return acked_.size(); }
-    const int64_t *acked_ids() const noexcept { return acked_.data(); }
+    // Outcomes since the last clear_resolved().  Acknowledgements come in
+    // two lists: of the last produce() call's records (the caller still
+    // holds their rows) and of earlier batches' (late).
+    std::size_t acked_count() const noexcept { return acked_.size() + acked_late_.size(); }
+    std::size_t batch_acked_count() const noexcept { return acked_.size(); }
+    const int64_t *batch_acked_ids() const noexcept { return acked_.data(); }
+    std::size_t late_acked_count() const noexcept { return acked_late_.size(); }
+    const int64_t *late_acked_ids() const noexcept { return acked_late_.data(); }
     std::size_t failed_count() const noexcept { return failed_ids_.size(); }
     const int64_t *failed_ids() const noexcept { return failed_ids_.data(); }
     const char *failed_error(std::size_t i) const noexcept { return failed_errors_[i].c_str(); }
@@ -113,7 +120,6 @@ private:
     Producer() = default;
     rd_kafka_topic_s *topic_handle(std::string_view name);
     void produce_one(const Record &r);
-    void land(int64_t id);  // a record left flight (reported, or abandoned)
     void fail(int64_t id, std::string error, bool permanent);
     void add_log(LogLevel level, std::string text);
     void set_state(BrokerState s, const std::string &reason);
@@ -130,20 +136,31 @@ private:
     std::vector<std::pair<std::string, rd_kafka_topic_s *>> topics_;
     std::size_t last_topic_ = 0;
 
-    // Records in flight, by row id (the id is the librdkafka message
-    // opaque), and how many of them each key has.
-    struct Flight {
-        const std::string *key;  // points into flight_keys_
-        uint32_t batch;
+    // Records in flight, batch by batch.  A record's librdkafka opaque is
+    // (batch generation << 32 | slot index); each batch keeps its keys in
+    // one string (no allocation per record) until all its records are
+    // reported.  Oldest batch first; usually just the current one.
+    struct Slot {
+        int64_t id;
+        uint32_t key_offset;
+        uint32_t key_length;
+        bool pending;
     };
-    std::unordered_map<int64_t, Flight> flights_;
-    std::unordered_map<std::string, uint32_t> flight_keys_;
-    std::vector<const std::string *> key_snapshot_;
-    uint32_t batch_ = 0;
-    std::size_t batch_outstanding_ = 0;
+    struct Batch {
+        uint32_t generation = 0;
+        std::string keys;
+        std::vector<Slot> slots;
+        std::size_t pending = 0;
+    };
+    std::deque<Batch> batches_;
+    uint32_t generation_ = 0;
+    std::size_t in_flight_ = 0;
+    std::vector<std::string_view> key_snapshot_;
+    Slot *find_slot(void *opaque, Batch **batch);
     std::unordered_set<std::string> held_keys_;  // this batch's keys behind a failure
 
-    std::vector<int64_t> acked_;
+    std::vector<int64_t> acked_;       // of the current batch
+    std::vector<int64_t> acked_late_;  // of earlier batches
     std::vector<int64_t> failed_ids_;
     std::vector<std::string> failed_errors_;
     std::vector<char> failed_permanent_;
