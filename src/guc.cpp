@@ -15,6 +15,7 @@ int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
 int outbox_workers = 1;
 int outbox_max_attempts = 10;
+bool outbox_synchronous_commit = true;
 }
 
 namespace {
@@ -76,6 +77,14 @@ void outbox_define_gucs(void) {
         "Counts only refusals that do not pass by themselves (record too large, unknown topic, "
         "not authorised); an outage never parks a message.",
         &outbox_max_attempts, 10, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomBoolVariable(
+        "outbox.synchronous_commit",
+        "Whether the relay's own transactions wait for their WAL to be flushed.",
+        "They only mark messages published. Off: the relay adds no flush to a busy server, and a "
+        "server crash may re-send what it marked in the last moments before (duplicates, never "
+        "losses).",
+        &outbox_synchronous_commit, true, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
     MarkGUCPrefixReserved("outbox");
 }

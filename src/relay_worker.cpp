@@ -406,11 +406,23 @@ bool ensure_producer() {
     return true;
 }
 
+// Session settings of the relay that follow outbox.* settings.
+void apply_session_settings() {
+    // Off: the relay's commits (marks) do not wait for a WAL flush.  Safe:
+    // a lost mark makes a duplicate, never a loss.  On: the server's own
+    // synchronous_commit applies.
+    if (!outbox_synchronous_commit)
+        SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
+    else
+        SetConfigOption("synchronous_commit", nullptr, PGC_SUSET, PGC_S_OVERRIDE);
+}
+
 // One turn of the main loop.  May ereport(ERROR); the caller recovers.
 void relay_iteration() {
     if (ConfigReloadPending) {
         ConfigReloadPending = false;
         ProcessConfigFile(PGC_SIGHUP);
+        apply_session_settings();
     }
 
     if (relay->quiet_until > GetCurrentTimestamp()) {
@@ -529,6 +541,7 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     // turn each claim into a sequential scan and a full sort.
     SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
     SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
+    apply_session_settings();
     pgstat_report_appname("pg outbox relay");
 
     relay = new RelayState();

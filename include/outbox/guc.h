@@ -12,6 +12,7 @@ extern int outbox_poll_interval_ms;
 extern int outbox_batch_timeout_ms;
 extern int outbox_workers;
 extern int outbox_max_attempts;
+extern bool outbox_synchronous_commit;
 }
 
 // Defines every outbox.* GUC and reserves the prefix.  Called from _PG_init.

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The pg outbox benchmark, one command: builds and installs the extension,
+# starts its own test broker and Postgres cluster, and prints the table of
+# figures (medians of several runs, with min-max, and ratios to ceilings).
+#   bench/run.sh            # full: 5 runs each, ~10 minutes
+#   bench/run.sh --quick    # smoke: 2 short runs
+# The table is also saved in bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+export PG_CONFIG
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo --preserve-env=PG_CONFIG "$0" "$@"
+fi
+bash scripts/install-deps.sh
+bash scripts/build.sh
+OUTBOX_BUILD_DIR="$PWD/build" /usr/bin/python3 bench/bench.py "$@"
