@@ -3,7 +3,7 @@
 # the test tools (test broker, consumers) are built by CMake: see README.
 
 EXTENSION   = outbox
-DATA        = outbox--1.0.sql
+DATA        = outbox--1.0.sql outbox--1.0--1.1.sql
 MODULE_big  = outbox
 
 SRCS := $(wildcard src/*.cpp src/kafka/*.cpp src/json/*.cpp src/common/*.cpp)
@@ -18,7 +18,7 @@ endif
 SHLIB_LINK   = -lrdkafka -lstdc++
 
 # pg_regress: SQL API, errors, privileges, mark_processed semantics.
-REGRESS      = api privileges processed_event parking
+REGRESS      = api privileges processed_event parking operations upgrade
 REGRESS_OPTS = --temp-instance=tmp_check --temp-config=$(CURDIR)/test/regress.conf
 # pg_isolation_regress: concurrent sessions.
 ISOLATION      = mark_processed_race relay_claim

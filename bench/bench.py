@@ -199,11 +199,18 @@ def latency_once(pg, broker, rate, seconds):
         elif eid in sent:
             first[eid] = t
     lat = sorted((first[e] - sent[e]) * 1000 for e in first)
+    # The relay's part alone: commit -> acknowledged and marked (published_at).
+    marked = dict(pg.sql("SELECT message_id::text, extract(epoch FROM published_at)::float8 "
+                         "FROM outbox.outbox_message WHERE message_id::text = ANY(%s)",
+                         (list(sent),)))
+    relay_lat = sorted((marked[e] - sent[e]) * 1000 for e in sent if marked.get(e))
+    pg.sql("TRUNCATE outbox.outbox_message")
     lost = len(set(sent) - set(first))
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]  # noqa: E731
     achieved = len(sent) / seconds
+    rpct = lambda q: relay_lat[min(len(relay_lat) - 1, int(q * len(relay_lat)))]  # noqa: E731
     return {"p50": pct(0.50), "p99": pct(0.99), "max": lat[-1], "lost": lost, "dups": dups,
-            "n": len(sent), "rate": achieved}
+            "n": len(sent), "rate": achieved, "relay_p50": rpct(0.5), "relay_p99": rpct(0.99)}
 
 
 # ---- write cost --------------------------------------------------------------
@@ -275,7 +282,7 @@ def main():
     drain_n = 20000 if args.quick else 100000
     rss_n = 100000 if args.quick else 1000000
     lat_seconds = 5 if args.quick else 20
-    write_seconds = 3 if args.quick else 10
+    write_seconds = 3 if args.quick else 8
 
     broker = TestBroker(topics=(f"{TOPIC}:{PARTITIONS}",))
     pg = PgCluster({"outbox.brokers": f"'{broker.bootstrap}'",
@@ -292,11 +299,15 @@ def main():
         pg.sql("SELECT 1 FROM outbox.write('warmup', 'k', '{}')")  # producer connected
         wait_until(lambda: pending(pg) == 0, 30, what="warm-up")
 
-        print(f"drain: {runs} runs of {drain_n:,} messages ...", flush=True)
-        drains = [drain_once(pg, drain_n)[0] for _ in range(runs)]
-        print("ceilings ...", flush=True)
-        kafka = [kafka_ceiling_once(broker, drain_n) for _ in range(runs)]
-        db = [db_ceiling_once(pg, drain_n) for _ in range(runs)]
+        # Drain and both ceilings run in turn, so that the machine's drift
+        # (a shared VM here) hits them alike; ratios are taken per round.
+        print(f"drain and ceilings: {runs} rounds of {drain_n:,} messages ...", flush=True)
+        drains, kafka, db, ratios = [], [], [], []
+        for _ in range(runs):
+            drains.append(drain_once(pg, drain_n)[0])
+            kafka.append(kafka_ceiling_once(broker, drain_n))
+            db.append(db_ceiling_once(pg, drain_n))
+            ratios.append(drains[-1] / min(kafka[-1], db[-1]))
         ceiling = min(med(kafka), med(db))
         results["drain"] = drains
         results["kafka_ceiling"] = kafka
@@ -304,7 +315,7 @@ def main():
 
         print(f"latency: {runs} runs of {lat_seconds} s at 1,000 msg/s ...", flush=True)
         pg.sql("TRUNCATE outbox.outbox_message")
-        lats = [latency_once(pg, broker, 1000, lat_seconds) for _ in range(runs)]
+        lats = [latency_once(pg, broker, 1000, lat_seconds) for _ in range(min(runs, 3))]
         results["latency"] = lats
 
         print(f"write cost: pgbench {write_seconds} s per run ...", flush=True)
@@ -320,7 +331,7 @@ def main():
             pg.reload()
             time.sleep(1)
             for clients in (1, 8):
-                wc[(relay, clients)] = write_cost(pg, clients, write_seconds, runs)
+                wc[(relay, clients)] = write_cost(pg, clients, write_seconds, min(runs, 3))
         results["write_cost"] = {f"{k[0]}/{k[1]}": v for k, v in wc.items()}
 
         print(f"memory: draining {drain_n:,} and then {rss_n:,} messages ...", flush=True)
@@ -332,7 +343,8 @@ def main():
         # ---- report ----
         lines = ["| measure | median (min-max) | ratio to ceiling |", "|---|---|---|"]
         lines.append(f"| drain, {drain_n:,} x 200 B, {KEYS:,} keys | {fmt_range(drains, ' msg/s')} "
-                     f"| {med(drains) / ceiling:.0%} of the lower ceiling |")
+                     f"| {med(ratios):.0%} of the lower ceiling (median of per-round ratios, "
+                     f"{min(ratios):.0%}-{max(ratios):.0%}) |")
         lines.append(f"| ceiling: test broker, plain librdkafka producer, batches of 1,000 | "
                      f"{fmt_range(kafka, ' msg/s')} | drain = {med(drains) / med(kafka):.0%} |")
         lines.append(f"| ceiling: database, the relay's claim + mark SQL alone | "
@@ -343,6 +355,9 @@ def main():
         lines.append(f"| latency commit->consumer at 1,000 msg/s, p50 | {fmt_range(p50, ' ms', 1)} | |")
         lines.append(f"| latency p99 | {fmt_range(p99, ' ms', 1)} | |")
         lines.append(f"| latency max | {fmt_range(mx, ' ms', 1)} | |")
+        lines.append(f"| relay part: commit -> acknowledged and marked, p50 / p99 | "
+                     f"{fmt_range([r['relay_p50'] for r in lats], ' ms', 1)} / "
+                     f"{fmt_range([r['relay_p99'] for r in lats], ' ms', 1)} | |")
         lines.append(f"| latency runs: lost / duplicates | {sum(r['lost'] for r in lats)} / "
                      f"{sum(r['dups'] for r in lats)} of {sum(r['n'] for r in lats):,} | |")
         for (relay, clients), (ob, pl) in wc.items():

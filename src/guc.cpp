@@ -1,6 +1,9 @@
+#include <climits>
+
 #include "outbox/guc.h"
 
 #include "outbox/kafka/config.h"
+#include "outbox/workers.h"
 
 extern "C" {
 #include "utils/guc.h"
@@ -16,6 +19,7 @@ int outbox_batch_timeout_ms = 5000;
 int outbox_workers = 1;
 int outbox_max_attempts = 10;
 bool outbox_synchronous_commit = true;
+int outbox_retention_s = 7 * 24 * 3600;
 }
 
 namespace {
@@ -29,13 +33,24 @@ bool check_kafka_config(char **newval, void **, GucSource) {
     return false;
 }
 
+// outbox.database: 1..16 distinct names, comma-separated.
+bool check_database(char **newval, void **, GucSource) {
+    char names[kOutboxMaxDatabases][NAMEDATALEN];
+    int n;
+    const char *why = nullptr;
+    if (outbox_parse_database_list(*newval ? *newval : "", names, &n, &why)) return true;
+    GUC_check_errdetail("%s.", why);
+    return false;
+}
+
 }  // namespace
 
 void outbox_define_gucs(void) {
     DefineCustomStringVariable(
-        "outbox.database", "Database the relay workers connect to.",
-        "Where CREATE EXTENSION outbox was run. Changing it needs a restart.", &outbox_database,
-        "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+        "outbox.database", "Databases the workers serve, comma-separated.",
+        "Where CREATE EXTENSION outbox was run; each gets its own relay and maintenance "
+        "workers. Changing it needs a restart.",
+        &outbox_database, "postgres", PGC_POSTMASTER, 0, check_database, nullptr, nullptr);
 
     DefineCustomStringVariable(
         "outbox.brokers", "Kafka bootstrap servers (host:port, comma-separated).",
@@ -85,6 +100,14 @@ void outbox_define_gucs(void) {
         "server crash may re-send what it marked in the last moments before (duplicates, never "
         "losses).",
         &outbox_synchronous_commit, true, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.retention",
+        "Published messages, expired processed events and processed inbox rows older than "
+        "this are deleted.",
+        "0 keeps everything. Pending and parked messages are never deleted.",
+        &outbox_retention_s, 7 * 24 * 3600, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr,
+        nullptr);
 
     MarkGUCPrefixReserved("outbox");
 }

@@ -3,7 +3,7 @@
 #include "outbox/pg.h"
 
 #include "outbox/guc.h"
-#include "outbox/relay_worker.h"
+#include "outbox/workers.h"
 #include "outbox/shmem.h"
 #include "outbox/wakeup.h"
 
@@ -19,6 +19,6 @@ void _PG_init(void) {
     // messages wait in the table for a server that runs the relay.
     if (!process_shared_preload_libraries_in_progress) return;
     outbox_shmem_init();
-    outbox_register_relay_workers();
+    outbox_register_workers();
 }
 }

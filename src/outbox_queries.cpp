@@ -16,6 +16,7 @@ SPIPlanPtr mark_plan = nullptr;
 SPIPlanPtr mark_claimed_plan = nullptr;
 SPIPlanPtr failure_plan = nullptr;
 SPIPlanPtr insert_plan = nullptr;
+SPIPlanPtr retention_plans[3] = {nullptr, nullptr, nullptr};
 
 // Prepares `sql` once per process and keeps the plan; the plan cache
 // re-plans it by itself when the table changes (or is recreated).
@@ -135,9 +136,9 @@ void outbox_mark_claimed_published(const ItemPointerData *ctids, int n) {
              static_cast<unsigned long long>(SPI_processed), n);
 }
 
-void outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,
-                            int n, int max_attempts) {
-    if (n == 0) return;
+int outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,
+                           int n, int max_attempts) {
+    if (n == 0) return 0;
     Datum *texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
     Datum *flags = static_cast<Datum *>(palloc(sizeof(Datum) * n));
     for (int i = 0; i < n; i++) {
@@ -156,10 +157,12 @@ void outbox_record_failures(const int64 *ids, const char *const *errors, const b
              SPI_result_code_string(rc));
     // One line per message parked now (rare); never the payload.
     TupleDesc desc = SPI_tuptable->tupdesc;
+    int parked = 0;
     for (uint64 i = 0; i < SPI_processed; i++) {
         HeapTuple tup = SPI_tuptable->vals[i];
         bool isnull;
         if (!DatumGetBool(SPI_getbinval(tup, desc, 4, &isnull))) continue;
+        parked++;
         ereport(WARNING,
                 (errmsg("pg outbox: parked message %s (topic \"%s\") after %s refusals by Kafka",
                         SPI_getvalue(tup, desc, 1), SPI_getvalue(tup, desc, 2),
@@ -167,6 +170,20 @@ void outbox_record_failures(const int64 *ids, const char *const *errors, const b
                  errdetail("Last error: %s", SPI_getvalue(tup, desc, 5)),
                  errhint("See outbox.parked_messages; outbox.retry(message_id) puts it back.")));
     }
+    return parked;
+}
+
+int64 outbox_retention_delete(OutboxRetention which, TimestampTz cutoff, int limit) {
+    static const char *const sql[] = {outbox::sql::kRetentionPublished,
+                                      outbox::sql::kRetentionProcessedEvents,
+                                      outbox::sql::kRetentionInbox};
+    Oid types[2] = {TIMESTAMPTZOID, INT4OID};
+    Datum values[2] = {TimestampTzGetDatum(cutoff), Int32GetDatum(limit)};
+    int rc = SPI_execute_plan(saved_plan(&retention_plans[which], sql[which], 2, types), values,
+                              nullptr, false, 0);
+    if (rc != SPI_OK_DELETE)
+        elog(ERROR, "pg outbox: retention failed: %s", SPI_result_code_string(rc));
+    return static_cast<int64>(SPI_processed);
 }
 
 void outbox_insert_message(const pg_uuid_t *message_id, Datum topic, Datum key, Datum payload,

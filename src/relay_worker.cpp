@@ -46,6 +46,7 @@
 #include "outbox/outbox_queries.h"
 #include "outbox/relay_worker.h"
 #include "outbox/shmem.h"
+#include "outbox/workers.h"
 
 extern "C" {
 #include "access/xact.h"
@@ -70,6 +71,8 @@ using outbox::kafka::Producer;
 // new; never freed (the process exits), never on a Postgres stack frame.
 struct RelayState {
     int index = 0;  // this worker's share: 0 .. outbox.workers-1
+    char label[NAMEDATALEN + 32] = "";  // "pg outbox relay 1 [dbname]", for log lines
+    const char *dbname = "";
     std::unique_ptr<Producer> producer;
     char *built_brokers = nullptr;  // settings the producer was built from
     char *built_config = nullptr;
@@ -86,6 +89,12 @@ struct RelayState {
     // the poll tick.
     bool woken = false;
     bool said_no_brokers = false;
+    // Counts of this turn, for the shared stats slot.
+    uint64 turn_acked = 0;
+    uint64 turn_failed = 0;
+    uint64 turn_parked = 0;
+    char reported_error[256] = "";
+    int reported_state = -1;
     bool said_no_extension = false;
     char last_connect_error[512] = "";
 };
@@ -164,7 +173,7 @@ void emit_kafka_log() {
         int level = p->log_level(i) == outbox::kafka::LogLevel::Warning ? WARNING
                     : p->log_level(i) == outbox::kafka::LogLevel::Info  ? LOG
                                                                         : DEBUG1;
-        ereport(level, (errmsg("pg outbox relay %d: %s", relay->index + 1, p->log_text(i))));
+        ereport(level, (errmsg("%s: %s", relay->label, p->log_text(i))));
     }
     p->clear_log();
 }
@@ -235,11 +244,35 @@ std::size_t record_outcomes(const ClaimedRows *claimed) {
             errors[i] = p->failed_error(i);
             permanent[i] = p->failed_permanent(i);
         }
-        outbox_record_failures(p->failed_ids(), errors, permanent, static_cast<int>(failed),
-                               outbox_max_attempts);
+        relay->turn_parked += outbox_record_failures(p->failed_ids(), errors, permanent,
+                                                     static_cast<int>(failed), outbox_max_attempts);
     }
+    relay->turn_acked += acked;
+    relay->turn_failed += failed;
     p->clear_resolved();
     return acked;
+}
+
+// Publishes this turn's counts and the producer's state to the shared stats
+// slot (outbox.worker_stats, outbox.stats).
+void report_stats() {
+    if (relay->turn_acked || relay->turn_failed || relay->turn_parked)
+        outbox_stats_add(relay->turn_acked, relay->turn_failed, relay->turn_parked);
+    relay->turn_acked = relay->turn_failed = relay->turn_parked = 0;
+    Producer *p = relay->producer.get();
+    if (!p) return;
+    outbox_stats_set_in_flight(p->in_flight());
+    int state = p->broker_state() == outbox::kafka::BrokerState::Up     ? OUTBOX_BROKER_UP
+                : p->broker_state() == outbox::kafka::BrokerState::Down ? OUTBOX_BROKER_DOWN
+                                                                        : OUTBOX_BROKER_UNKNOWN;
+    if (state != relay->reported_state) {
+        outbox_stats_set_broker_state(static_cast<OutboxBrokerState>(state));
+        relay->reported_state = state;
+    }
+    if (p->last_error()[0] && strcmp(p->last_error(), relay->reported_error) != 0) {
+        outbox_stats_error(p->last_error());
+        strlcpy(relay->reported_error, p->last_error(), sizeof relay->reported_error);
+    }
 }
 
 void begin_transaction(const char *activity) {
@@ -305,25 +338,34 @@ int run_batch() {
         claimed = -1;
         p->clear_resolved();
     } else {
+        // Late reports first: a row acknowledged but not yet marked would
+        // otherwise look pending to the claim and go out twice.
+        std::size_t acked = record_outcomes(nullptr);
         outbox::kafka::Record *records;
         ItemPointerData *ctids;
         claimed = outbox_claim_batch(outbox_batch_size, outbox_workers, relay->index,
                                      in_flight_keys(), &records, &ctids);
         ClaimedRows rows{records, ctids, claimed};
-        std::size_t acked = 0;
         if (claimed > 0) {
             p->produce(records, static_cast<std::size_t>(claimed));
             acked += await_deliveries(
                 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms),
                 &rows);
         }
-        acked += record_outcomes(claimed > 0 ? &rows : nullptr);
+        acked += record_outcomes(&rows);
         // Back off when a batch got nothing through: Kafka is down or
-        // refusing.  The next acknowledgement ends the backoff.
-        if (claimed > 0 && acked == 0) backoff_after_failure();
+        // refusing.  The next acknowledgement ends the backoff.  Refused
+        // rows next to acknowledged ones are retried after the shortest
+        // backoff, not at the next poll tick.
+        if (claimed > 0 && acked == 0)
+            backoff_after_failure();
+        else if (relay->turn_failed > 0)
+            relay->next_claim_at =
+                TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBackoffMinMs);
     }
     commit_transaction();
     emit_kafka_log();
+    report_stats();
     return claimed;
 }
 
@@ -345,6 +387,7 @@ void drain_step(long wait_ms) {
         commit_transaction();
     }
     emit_kafka_log();
+    report_stats();
 }
 
 // Makes relay->producer match the current settings, if it can.  Returns
@@ -371,8 +414,7 @@ bool ensure_producer() {
                     TimestampTzPlusMilliseconds(now, outbox_batch_timeout_ms);
             if (now < relay->reconfigure_deadline && !p->fatal()) return false;
         }
-        ereport(LOG, (errmsg("pg outbox relay %d: Kafka settings changed, reconnecting",
-                             relay->index + 1)));
+        ereport(LOG, (errmsg("%s: Kafka settings changed, reconnecting", relay->label)));
         drain_step(0);  // record what already came back
         kafka_disconnect(0);
         relay->reconfigure_deadline = 0;
@@ -380,21 +422,21 @@ bool ensure_producer() {
 
     if (brokers[0] == '\0') {
         if (!relay->said_no_brokers)
-            ereport(LOG, (errmsg("pg outbox relay %d: outbox.brokers is empty; messages stay "
-                                 "pending until it is set",
-                                 relay->index + 1)));
+            ereport(LOG, (errmsg("%s: outbox.brokers is empty; messages stay pending until it is "
+                                 "set",
+                                 relay->label)));
         relay->said_no_brokers = true;
         return true;
     }
     relay->said_no_brokers = false;
 
     char client_id[NAMEDATALEN + 32];
-    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", outbox_database, relay->index + 1);
+    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", relay->dbname, relay->index + 1);
     char err[512];
     if (!kafka_connect(brokers, config, client_id, outbox_batch_size, err, sizeof err)) {
         if (strcmp(err, relay->last_connect_error) != 0)
-            ereport(WARNING, (errmsg("pg outbox relay %d: cannot create the Kafka producer: %s",
-                                     relay->index + 1, err)));
+            ereport(WARNING, (errmsg("%s: cannot create the Kafka producer: %s", relay->label,
+                                     err)));
         strlcpy(relay->last_connect_error, err, sizeof relay->last_connect_error);
         backoff_after_failure();
         return true;
@@ -402,7 +444,7 @@ bool ensure_producer() {
     relay->last_connect_error[0] = '\0';
     relay->built_brokers = keep_string(relay->built_brokers, brokers);
     relay->built_config = keep_string(relay->built_config, config);
-    ereport(LOG, (errmsg("pg outbox relay %d: producing to %s", relay->index + 1, brokers)));
+    ereport(LOG, (errmsg("%s: producing to %s", relay->label, brokers)));
     return true;
 }
 
@@ -457,17 +499,23 @@ void relay_iteration() {
     int claimed = run_batch();
     if (claimed == -1) {
         if (!relay->said_no_extension)
-            ereport(LOG, (errmsg("pg outbox relay %d: waiting for CREATE EXTENSION outbox in "
-                                 "database \"%s\"",
-                                 relay->index + 1, outbox_database)));
+            ereport(LOG, (errmsg("%s: waiting for CREATE EXTENSION outbox in database \"%s\"",
+                                 relay->label, relay->dbname)));
         relay->said_no_extension = true;
     } else {
         relay->said_no_extension = false;
     }
     // A full batch means more may be waiting, and a wake-up during the batch
     // means a commit came after our snapshot: go again without sleeping.
-    // Otherwise sleep until a commit, a delivery report, or the poll tick.
-    if (claimed < outbox_batch_size && !relay->woken) relay_wait(outbox_poll_interval_ms);
+    // Otherwise sleep until a commit, a delivery report, a retry is due, or
+    // the poll tick.
+    if (claimed < outbox_batch_size && !relay->woken) {
+        long wait_ms = outbox_poll_interval_ms;
+        TimestampTz after = GetCurrentTimestamp();
+        if (relay->next_claim_at > after)
+            wait_ms = Min(wait_ms, TimestampDifferenceMilliseconds(after, relay->next_claim_at));
+        relay_wait(wait_ms);
+    }
 }
 
 void relay_iteration_guarded() {
@@ -479,6 +527,10 @@ void relay_iteration_guarded() {
     {
         // The same recovery a backend does for a failed command.
         HOLD_INTERRUPTS();
+        MemoryContextSwitchTo(relay->loop_context);
+        ErrorData *edata = CopyErrorData();
+        outbox_stats_error(edata->message);
+        FreeErrorData(edata);
         EmitErrorReport();
         AbortCurrentTransaction();
         FlushErrorState();
@@ -510,29 +562,16 @@ void relay_finish() {
 
 }  // namespace
 
-void outbox_register_relay_workers(void) {
-    for (int i = 0; i < outbox_workers; i++) {
-        BackgroundWorker worker;
-        memset(&worker, 0, sizeof worker);
-        snprintf(worker.bgw_name, BGW_MAXLEN, "pg outbox relay %d", i + 1);
-        snprintf(worker.bgw_type, BGW_MAXLEN, "pg outbox relay");
-        worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-        // Only on a primary: on a standby the worker starts after promotion.
-        worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-        worker.bgw_restart_time = 5;
-        snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-        snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_relay_main");
-        worker.bgw_main_arg = Int32GetDatum(i);
-        RegisterBackgroundWorker(&worker);
-    }
-}
-
 extern "C" void outbox_relay_main(Datum main_arg) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
     BackgroundWorkerUnblockSignals();
 
-    BackgroundWorkerInitializeConnection(outbox_database, nullptr, 0);
+    int slot = DatumGetInt32(main_arg);
+    int database_index, share;
+    outbox_relay_of_slot(slot, &database_index, &share);
+    const char *dbname = outbox_database_name(database_index);
+    BackgroundWorkerInitializeConnection(dbname, nullptr, 0);
     // The worker runs as a superuser: resolve nothing through a search
     // path that other roles could write to.
     SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
@@ -545,10 +584,12 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     pgstat_report_appname("pg outbox relay");
 
     relay = new RelayState();
-    relay->index = DatumGetInt32(main_arg);
+    relay->index = share;
+    relay->dbname = dbname;
+    snprintf(relay->label, sizeof relay->label, "pg outbox relay %d [%s]", share + 1, dbname);
     relay->built_brokers = keep_string(nullptr, "");
     relay->built_config = keep_string(nullptr, "");
-    outbox_relay_slot_attach(relay->index, MyDatabaseId);
+    outbox_slot_attach(slot, OUTBOX_ROLE_RELAY, share, MyDatabaseId);
 
     if (pipe2(relay->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
         ereport(FATAL, (errmsg("pg outbox relay: could not create a pipe: %m")));
@@ -562,8 +603,7 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     AddWaitEventToSet(relay->wait_set, WL_SOCKET_READABLE, relay->wake_pipe[0], nullptr, nullptr);
     before_shmem_exit(relay_on_exit, 0);
 
-    ereport(LOG, (errmsg("pg outbox relay %d of %d started in database \"%s\"", relay->index + 1,
-                         outbox_workers, outbox_database)));
+    ereport(LOG, (errmsg("%s started (share %d of %d)", relay->label, share + 1, outbox_workers)));
 
     relay->loop_context = AllocSetContextCreate(TopMemoryContext, "pg outbox relay loop",
                                                 ALLOCSET_DEFAULT_SIZES);
@@ -574,6 +614,6 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     }
 
     relay_finish();
-    ereport(LOG, (errmsg("pg outbox relay %d stopped", relay->index + 1)));
+    ereport(LOG, (errmsg("%s stopped", relay->label)));
     proc_exit(0);
 }

@@ -8,33 +8,54 @@ extern "C" {
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
+#include "storage/spin.h"
 }
 
 namespace {
 
-// A relay worker's slot.  Written only by its worker; read without a lock
-// by committing backends, which at worst set a stale latch (a spurious
-// wake-up of whatever process now owns that PGPROC: harmless).
-struct RelaySlot {
+constexpr int kMinuteBuckets = 60;
+
+// A worker's slot.  Identity fields are written only by its worker and read
+// without a lock by committing backends, which at worst set a stale latch (a
+// spurious wake-up of whatever process now owns that PGPROC: harmless).
+// Counters are under `mutex`, taken once per batch by the worker and once
+// per stats query by a reader.
+struct WorkerSlot {
     volatile pid_t pid;  // 0: free
     volatile Oid database;
+    volatile int role;
     Latch *volatile latch;
+
+    slock_t mutex;
+    int share;
+    TimestampTz started_at;
+    TimestampTz last_activity_at;
+    uint64 processed;
+    uint64 failed;
+    uint64 parked;
+    uint64 batches;
+    uint64 in_flight;
+    int broker_state;
+    TimestampTz last_error_at;
+    char last_error[256];
+    // processed per second over the last minute: second stamp and count
+    int64 bucket_second[kMinuteBuckets];
+    uint64 bucket_count[kMinuteBuckets];
 };
 
 struct OutboxShared {
     int nslots;
-    RelaySlot slots[FLEXIBLE_ARRAY_MEMBER];
+    WorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 };
 
 OutboxShared *shared = nullptr;
-int my_slot = -1;
+WorkerSlot *my_slot = nullptr;
 shmem_request_hook_type prev_shmem_request_hook = nullptr;
 shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
 
-int slot_count() { return outbox_workers; }
-
 Size shared_size() {
-    return add_size(offsetof(OutboxShared, slots), mul_size(sizeof(RelaySlot), slot_count()));
+    return add_size(offsetof(OutboxShared, slots),
+                    mul_size(sizeof(WorkerSlot), outbox_slot_count()));
 }
 
 void request_shmem() {
@@ -49,18 +70,23 @@ void startup_shmem() {
     shared = static_cast<OutboxShared *>(ShmemInitStruct("pg outbox", shared_size(), &found));
     if (!found) {
         memset(shared, 0, shared_size());
-        shared->nslots = slot_count();
+        shared->nslots = outbox_slot_count();
+        for (int i = 0; i < shared->nslots; i++) SpinLockInit(&shared->slots[i].mutex);
     }
     LWLockRelease(AddinShmemInitLock);
 }
 
 void detach_slot(int, Datum) {
-    if (shared && my_slot >= 0) {
-        shared->slots[my_slot].pid = 0;
+    if (my_slot) {
+        my_slot->pid = 0;
         pg_write_barrier();
-        shared->slots[my_slot].latch = nullptr;
-        my_slot = -1;
+        my_slot->latch = nullptr;
+        my_slot = nullptr;
     }
+}
+
+int64 unix_second(TimestampTz t) {
+    return t / USECS_PER_SEC + (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY;
 }
 
 }  // namespace
@@ -72,25 +98,109 @@ void outbox_shmem_init(void) {
     shmem_startup_hook = startup_shmem;
 }
 
-void outbox_relay_slot_attach(int index, Oid database) {
+void outbox_slot_attach(int index, OutboxWorkerRole role, int share, Oid database) {
     if (!shared || index < 0 || index >= shared->nslots)
-        elog(FATAL, "pg outbox: no shared memory slot %d for this relay worker", index);
-    RelaySlot &s = shared->slots[index];
+        elog(FATAL, "pg outbox: no shared memory slot %d for this worker", index);
+    WorkerSlot &s = shared->slots[index];
+    SpinLockAcquire(&s.mutex);
+    s.share = share;
+    s.started_at = GetCurrentTimestamp();
+    s.last_activity_at = 0;
+    s.processed = s.failed = s.parked = s.batches = s.in_flight = 0;
+    s.broker_state = OUTBOX_BROKER_UNKNOWN;
+    s.last_error_at = 0;
+    s.last_error[0] = '\0';
+    memset(s.bucket_second, 0, sizeof s.bucket_second);
+    memset(s.bucket_count, 0, sizeof s.bucket_count);
+    SpinLockRelease(&s.mutex);
     s.latch = &MyProc->procLatch;
     s.database = database;
+    s.role = role;
     pg_write_barrier();
     s.pid = MyProcPid;
-    my_slot = index;
+    my_slot = &s;
     on_shmem_exit(detach_slot, 0);
 }
 
-void outbox_wake_relays(Oid database) {
+void outbox_wake(OutboxWorkerRole role, Oid database) {
     if (!shared) return;
     for (int i = 0; i < shared->nslots; i++) {
-        RelaySlot &s = shared->slots[i];
-        if (s.pid == 0 || s.database != database) continue;
+        WorkerSlot &s = shared->slots[i];
+        if (s.pid == 0 || s.role != role || s.database != database) continue;
         pg_read_barrier();
         Latch *latch = s.latch;
         if (latch) SetLatch(latch);
     }
+}
+
+void outbox_stats_add(uint64 processed, uint64 failed, uint64 parked) {
+    if (!my_slot) return;
+    TimestampTz now = GetCurrentTimestamp();
+    int64 second = unix_second(now);
+    int b = static_cast<int>(second % kMinuteBuckets);
+    SpinLockAcquire(&my_slot->mutex);
+    my_slot->processed += processed;
+    my_slot->failed += failed;
+    my_slot->parked += parked;
+    my_slot->batches++;
+    my_slot->last_activity_at = now;
+    if (my_slot->bucket_second[b] != second) {
+        my_slot->bucket_second[b] = second;
+        my_slot->bucket_count[b] = 0;
+    }
+    my_slot->bucket_count[b] += processed;
+    SpinLockRelease(&my_slot->mutex);
+}
+
+void outbox_stats_set_in_flight(uint64 in_flight) {
+    if (!my_slot) return;
+    SpinLockAcquire(&my_slot->mutex);
+    my_slot->in_flight = in_flight;
+    SpinLockRelease(&my_slot->mutex);
+}
+
+void outbox_stats_set_broker_state(OutboxBrokerState state) {
+    if (!my_slot) return;
+    SpinLockAcquire(&my_slot->mutex);
+    my_slot->broker_state = state;
+    SpinLockRelease(&my_slot->mutex);
+}
+
+void outbox_stats_error(const char *text) {
+    if (!my_slot) return;
+    TimestampTz now = GetCurrentTimestamp();
+    SpinLockAcquire(&my_slot->mutex);
+    strlcpy(my_slot->last_error, text, sizeof my_slot->last_error);
+    my_slot->last_error_at = now;
+    SpinLockRelease(&my_slot->mutex);
+}
+
+bool outbox_slot_stats(int index, OutboxSlotStats *out) {
+    if (!shared || index < 0 || index >= shared->nslots) return false;
+    WorkerSlot &s = shared->slots[index];
+    pid_t pid = s.pid;
+    if (pid == 0) return false;
+    pg_read_barrier();
+    int64 now_second = unix_second(GetCurrentTimestamp());
+    out->pid = pid;
+    out->role = s.role;
+    out->database = s.database;
+    SpinLockAcquire(&s.mutex);
+    out->share = s.share;
+    out->started_at = s.started_at;
+    out->last_activity_at = s.last_activity_at;
+    out->processed = s.processed;
+    out->failed = s.failed;
+    out->parked = s.parked;
+    out->batches = s.batches;
+    out->in_flight = s.in_flight;
+    out->broker_state = s.broker_state;
+    out->last_error_at = s.last_error_at;
+    memcpy(out->last_error, s.last_error, sizeof out->last_error);
+    uint64 minute = 0;
+    for (int b = 0; b < kMinuteBuckets; b++)
+        if (s.bucket_second[b] > now_second - kMinuteBuckets) minute += s.bucket_count[b];
+    SpinLockRelease(&s.mutex);
+    out->processed_last_minute = minute;
+    return true;
 }

@@ -20,7 +20,7 @@ void on_xact_event(XactEvent event, void *) {
         case XACT_EVENT_PARALLEL_COMMIT:
             if (wrote_in_this_transaction) {
                 wrote_in_this_transaction = false;
-                outbox_wake_relays(MyDatabaseId);
+                outbox_wake(OUTBOX_ROLE_RELAY, MyDatabaseId);
             }
             break;
         case XACT_EVENT_ABORT:

@@ -13,6 +13,7 @@ extern int outbox_batch_timeout_ms;
 extern int outbox_workers;
 extern int outbox_max_attempts;
 extern bool outbox_synchronous_commit;
+extern int outbox_retention_s;
 }
 
 // Defines every outbox.* GUC and reserves the prefix.  Called from _PG_init.

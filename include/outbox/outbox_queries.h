@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "storage/itemptr.h"
+#include "utils/timestamp.h"
 #include "utils/uuid.h"
 }
 
@@ -33,10 +34,19 @@ Datum outbox_text_array(const char *const *values, const std::size_t *lengths, i
 void outbox_mark_published(const int64 *ids, int n);
 
 // Counts one failed attempt on each row and keeps its error text; parks a
-// row refused for good (`permanent`) for the max_attempts-th time, and logs
-// each row it parks.
-void outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,
+// row refused for good (`permanent`) for the max_attempts-th time, logs
+// each row it parks, and returns how many it parked.
+int outbox_record_failures(const int64 *ids, const char *const *errors, const bool *permanent,
                             int n, int max_attempts);
+
+enum OutboxRetention {
+    OUTBOX_RETENTION_PUBLISHED,         // outbox rows published before the cutoff
+    OUTBOX_RETENTION_PROCESSED_EVENTS,  // processed_event rows expired before the cutoff
+    OUTBOX_RETENTION_INBOX,             // inbox rows processed before the cutoff
+};
+
+// Deletes up to `limit` rows of `which` older than `cutoff`; returns how many.
+int64 outbox_retention_delete(OutboxRetention which, TimestampTz cutoff, int limit);
 
 // outbox.write()'s insert.
 void outbox_insert_message(const pg_uuid_t *message_id, Datum topic, Datum key, Datum payload,

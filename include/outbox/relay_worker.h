@@ -4,7 +4,4 @@
 
 #include "outbox/pg.h"
 
-// Registers outbox.workers relay workers (from _PG_init while preloading).
-void outbox_register_relay_workers(void);
-
 extern "C" PGDLLEXPORT void outbox_relay_main(Datum main_arg);

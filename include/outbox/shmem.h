@@ -1,16 +1,68 @@
-// Shared memory: one slot per relay worker, so that a committing backend can
-// find and wake the relay of its database.
+// Shared memory: one slot per background worker of the extension.  A slot
+// carries what other processes need: the worker's latch and database (a
+// committing backend wakes the relay of its database) and its counters (the
+// stats views read them without touching any table).
 #pragma once
 
 #include "outbox/pg.h"
 
+extern "C" {
+#include "utils/timestamp.h"
+}
+
+enum OutboxWorkerRole {
+    OUTBOX_ROLE_RELAY = 1,
+    OUTBOX_ROLE_MAINTENANCE = 2,
+    OUTBOX_ROLE_INBOX_CONSUMER = 3,
+    OUTBOX_ROLE_INBOX_HANDLER = 4,
+};
+
+enum OutboxBrokerState {
+    OUTBOX_BROKER_UNKNOWN = 0,
+    OUTBOX_BROKER_UP = 1,
+    OUTBOX_BROKER_DOWN = 2,
+};
+
 // Asks for the shared memory (from _PG_init while preloading).
 void outbox_shmem_init(void);
 
-// The calling relay worker publishes its latch and database in slot `index`
-// and clears it again when the process exits.
-void outbox_relay_slot_attach(int index, Oid database);
+// Number of slots: every worker the configuration registers.
+int outbox_slot_count(void);
 
-// Sets the latch of every relay worker serving `database`.  Safe to call
-// from any backend, also when the library was not preloaded (then no-op).
-void outbox_wake_relays(Oid database);
+// The calling worker publishes its latch, role and database in slot `index`
+// (cleared again when the process exits).  `share` is a relay's key share.
+void outbox_slot_attach(int index, OutboxWorkerRole role, int share, Oid database);
+
+// Sets the latch of every worker of `role` serving `database`.  Safe from any
+// backend, also when the library was not preloaded (then a no-op).
+void outbox_wake(OutboxWorkerRole role, Oid database);
+
+// Counters of the calling worker's slot.  `processed` is what the role
+// does: messages published (relay), rows deleted (maintenance), records
+// stored (inbox consumer), messages handled (inbox handler).
+void outbox_stats_add(uint64 processed, uint64 failed, uint64 parked);
+void outbox_stats_set_in_flight(uint64 in_flight);
+void outbox_stats_set_broker_state(OutboxBrokerState state);
+void outbox_stats_error(const char *text);
+
+// One slot's counters, copied out under its lock.
+struct OutboxSlotStats {
+    int role;
+    int share;
+    pid_t pid;
+    Oid database;
+    TimestampTz started_at;
+    TimestampTz last_activity_at;
+    uint64 processed;
+    uint64 processed_last_minute;
+    uint64 failed;
+    uint64 parked;
+    uint64 batches;
+    uint64 in_flight;
+    int broker_state;
+    TimestampTz last_error_at;
+    char last_error[256];
+};
+
+// Copies slot `index`; false when it is free (no worker attached).
+bool outbox_slot_stats(int index, OutboxSlotStats *out);

@@ -50,4 +50,26 @@ inline constexpr const char kInsertMessage[] =
     "INSERT INTO outbox.outbox_message (message_id, topic, key, payload, headers)"
     " VALUES ($1, $2, $3, $4, $5)";
 
+// Retention: old rows, a batch at a time, oldest first.  Each locks only
+// the rows it deletes, skips rows someone else holds, and rechecks the
+// condition on the locked row, so a row replayed meanwhile (published_at
+// reset) is never deleted.  $1: the cutoff, $2: the batch size.
+inline constexpr const char kRetentionPublished[] =
+    "DELETE FROM outbox.outbox_message WHERE id IN ("
+    "SELECT id FROM outbox.outbox_message WHERE published_at < $1"
+    " ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    " AND published_at < $1";
+
+inline constexpr const char kRetentionProcessedEvents[] =
+    "DELETE FROM outbox.processed_event WHERE event_id IN ("
+    "SELECT event_id FROM outbox.processed_event WHERE expires_at < $1"
+    " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    " AND expires_at < $1";
+
+inline constexpr const char kRetentionInbox[] =
+    "DELETE FROM outbox.inbox_message WHERE event_id IN ("
+    "SELECT event_id FROM outbox.inbox_message WHERE processed AND processed_at < $1"
+    " ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    " AND processed AND processed_at < $1";
+
 }  // namespace outbox::sql

@@ -146,6 +146,7 @@ rd_kafka_topic_s *Producer::topic_handle(std::string_view name) {
 }
 
 void Producer::fail(int64_t id, std::string error, bool permanent) {
+    last_error_ = error;
     failed_ids_.push_back(id);
     failed_errors_.push_back(std::move(error));
     failed_permanent_.push_back(permanent ? 1 : 0);

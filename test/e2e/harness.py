@@ -173,9 +173,22 @@ class PgCluster:
         return subprocess.Popen(as_postgres(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
 
-    def relay_pids(self):
-        return [r[0] for r in self.sql(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'")]
+    def relay_pids(self, dbname=None):
+        q = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'"
+        if dbname:
+            return [r[0] for r in self.sql(q + " AND datname = %s", (dbname,))]
+        return [r[0] for r in self.sql(q)]
+
+    def stats(self, dbname="postgres"):
+        """outbox.stats of a database, as a dict."""
+        conn = self.connect(dbname)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT * FROM outbox.stats")
+                names = [d[0] for d in cur.description]
+                return dict(zip(names, cur.fetchone()))
+        finally:
+            conn.close()
 
     def log(self):
         try:

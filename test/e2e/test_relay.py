@@ -187,7 +187,7 @@ class RelayEndToEnd(unittest.TestCase):
             self.pg.sql("SELECT outbox.write('order.events', 'stop-' || (i % 5), '{}') "
                         "FROM generate_series(1, 2000) i")
             self.pg.stop("fast")
-            self.assertIn("pg outbox relay 1 stopped", self.pg.log())
+            self.assertIn("pg outbox relay 1 [postgres] stopped", self.pg.log())
             self.pg.start()
             wait_until(lambda: self.pending() == 0, 60, what="the rest after a restart")
             committed = committed_messages(self.pg)
