@@ -18,7 +18,7 @@ endif
 SHLIB_LINK   = -lrdkafka -lstdc++
 
 # pg_regress: SQL API, errors, privileges, mark_processed semantics.
-REGRESS      = api privileges processed_event parking operations upgrade
+REGRESS      = api privileges processed_event parking operations inbox upgrade
 REGRESS_OPTS = --temp-instance=tmp_check --temp-config=$(CURDIR)/test/regress.conf
 # pg_isolation_regress: concurrent sessions.
 ISOLATION      = mark_processed_race relay_claim

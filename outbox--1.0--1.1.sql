@@ -142,3 +142,191 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION outbox.replay(timestamptz, timestamptz, text) FROM PUBLIC;
+
+-- ---- inbox -------------------------------------------------------------------
+-- The inbox (R-DIST-OBX-2): the consumer worker stores every record of
+-- outbox.inbox_topics here before anything handles it; the handler worker
+-- runs the subscribed handler of each, in arrival order, exactly once.
+ALTER TABLE outbox.inbox_message
+    ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY,   -- arrival order within received_at
+    ADD COLUMN next_attempt_at timestamptz;               -- a failed handler call is retried then
+
+-- The few messages being retried (their keys wait behind them).
+CREATE INDEX ix_inbox_message_retrying ON outbox.inbox_message (next_attempt_at)
+    WHERE NOT processed AND next_attempt_at IS NOT NULL;
+
+-- Which function handles each topic, and as whom it runs.
+CREATE TABLE outbox.inbox_subscription (
+    topic       text         PRIMARY KEY,
+    handler     regprocedure NOT NULL,
+    run_as      regrole      NOT NULL,
+    created_at  timestamptz  NOT NULL DEFAULT now()
+);
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_subscription', '');
+
+-- NULL when Kafka accepts the topic name, else the reason (the rules of
+-- outbox.write()).
+CREATE FUNCTION outbox._topic_error(topic text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_topic_error'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- Wakes the inbox handler when the calling transaction commits.
+CREATE FUNCTION outbox._wake_inbox_at_commit()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_wake_inbox_at_commit'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+-- outbox.inbox_subscribe: `handler(msg outbox.inbox_message) RETURNS void`
+-- handles the records of `topic` (replacing an earlier subscription).  It
+-- runs as the role that subscribes, which must be allowed to execute it;
+-- its writes and the message's processed flag commit together.  Whoever
+-- may write outbox.inbox_subscription may subscribe (by default: the
+-- extension's owner only).
+CREATE FUNCTION outbox.inbox_subscribe(topic text, handler regprocedure)
+RETURNS void
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    why text;
+    p pg_proc;
+BEGIN
+    IF inbox_subscribe.topic IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_subscribe: topic must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF inbox_subscribe.handler IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_subscribe: handler must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    why := outbox._topic_error(inbox_subscribe.topic);
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_subscribe: invalid topic "%"', inbox_subscribe.topic
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = why || '.';
+    END IF;
+    SELECT * INTO p FROM pg_proc WHERE oid = inbox_subscribe.handler;
+    IF p.pronargs <> 1 OR p.proargtypes[0] <> 'outbox.inbox_message'::regtype
+       OR p.prorettype <> 'void'::regtype OR p.proretset OR p.prokind <> 'f' THEN
+        RAISE EXCEPTION 'outbox.inbox_subscribe: handler % must take (outbox.inbox_message) and return void',
+                        inbox_subscribe.handler
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT has_function_privilege(current_user, inbox_subscribe.handler, 'EXECUTE') THEN
+        RAISE EXCEPTION 'outbox.inbox_subscribe: role % may not execute %', current_user,
+                        inbox_subscribe.handler
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    INSERT INTO outbox.inbox_subscription AS s (topic, handler, run_as)
+    VALUES (inbox_subscribe.topic, inbox_subscribe.handler, current_user::regrole)
+    ON CONFLICT ON CONSTRAINT inbox_subscription_pkey
+    DO UPDATE SET handler = excluded.handler, run_as = excluded.run_as, created_at = now();
+    PERFORM outbox._wake_inbox_at_commit();
+END
+$$;
+
+-- outbox.inbox_unsubscribe: stops handling `topic` (its records stay and
+-- wait).  True when there was a subscription.
+CREATE FUNCTION outbox.inbox_unsubscribe(topic text)
+RETURNS boolean
+LANGUAGE sql VOLATILE STRICT PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH d AS (DELETE FROM outbox.inbox_subscription s WHERE s.topic = $1 RETURNING 1)
+    SELECT count(*) > 0 FROM d
+$$;
+
+-- outbox.inbox_write: for services that consume Kafka in their own code.
+-- Stores a received record in the inbox in the caller's transaction; true
+-- when it is new, false for a duplicate (the event_id is known already).
+CREATE FUNCTION outbox.inbox_write(event_id uuid, topic text, payload jsonb,
+                                   headers jsonb DEFAULT '{}')
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    why text;
+    bad text;
+BEGIN
+    IF inbox_write.event_id IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_write: event_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF inbox_write.topic IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_write: topic must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF inbox_write.payload IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_write: payload must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    why := outbox._topic_error(inbox_write.topic);
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_write: invalid topic "%"', inbox_write.topic
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = why || '.';
+    END IF;
+    IF inbox_write.headers IS NOT NULL THEN
+        IF jsonb_typeof(inbox_write.headers) <> 'object' THEN
+            RAISE EXCEPTION 'outbox.inbox_write: headers must be a JSON object of strings'
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'The headers are a JSON ' || jsonb_typeof(inbox_write.headers) || '.';
+        END IF;
+        SELECT h.key INTO bad FROM jsonb_each(inbox_write.headers) AS h
+         WHERE jsonb_typeof(h.value) <> 'string' LIMIT 1;
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'outbox.inbox_write: headers must be a JSON object of strings'
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'Header "' || bad || '" is not a string.';
+        END IF;
+    END IF;
+    INSERT INTO outbox.inbox_message (event_id, topic, payload, headers)
+    VALUES (inbox_write.event_id, inbox_write.topic, inbox_write.payload,
+            coalesce(inbox_write.headers, '{}'))
+    ON CONFLICT ON CONSTRAINT inbox_message_pkey DO NOTHING;
+    IF FOUND THEN
+        PERFORM outbox._wake_inbox_at_commit();
+    END IF;
+    RETURN FOUND;
+END
+$$;
+
+-- Inbox records whose handler failed outbox.max_attempts times, with the
+-- payload (a handler usually fails on what is in it).
+CREATE VIEW outbox.inbox_parked AS
+    SELECT event_id, topic, key, received_at, parked_at, attempts, last_error, payload
+      FROM outbox.inbox_message
+     WHERE parked_at IS NOT NULL AND NOT processed;
+
+-- outbox.inbox_retry: puts a parked inbox record back in line.
+CREATE FUNCTION outbox.inbox_retry(event_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF inbox_retry.event_id IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_retry: event_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    UPDATE outbox.inbox_message m SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
+     WHERE m.event_id = inbox_retry.event_id AND m.parked_at IS NOT NULL AND NOT m.processed;
+    IF FOUND THEN
+        PERFORM outbox._wake_inbox_at_commit();
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM outbox.inbox_message m WHERE m.event_id = inbox_retry.event_id) THEN
+        RAISE EXCEPTION 'outbox.inbox_retry: no inbox message with event_id %', inbox_retry.event_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- outbox._topic_error and outbox._wake_inbox_at_commit stay executable (by
+-- roles with USAGE on the schema): inbox_subscribe runs as its caller and
+-- uses them; neither reads nor changes data.
+REVOKE ALL ON FUNCTION outbox.inbox_subscribe(text, regprocedure) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.inbox_unsubscribe(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.inbox_write(uuid, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.inbox_retry(uuid) FROM PUBLIC;

@@ -1,6 +1,6 @@
 // The Kafka ceiling for the benchmark: how fast a plain librdkafka producer,
 // configured like the relay (idempotent, acks=all, murmur2_random,
-// linger.ms=1), gets the same records acknowledged by the same broker.
+// linger.ms=0), gets the same records acknowledged by the same broker.
 // No Postgres involved.
 //
 //   produce_ceiling BOOTSTRAP TOPIC MESSAGES [KEYS] [PAYLOAD_BYTES] [BATCH]
@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     const char *props[][2] = {{"bootstrap.servers", bootstrap}, {"enable.idempotence", "true"},
                               {"acks", "all"},                  {"partitioner", "murmur2_random"},
-                              {"linger.ms", "1"},               {"message.timeout.ms", "0"},
+                              {"linger.ms", "0"},               {"message.timeout.ms", "0"},
                               {"queue.buffering.max.messages", "1000000"}, {"socket.nagle.disable", getenv("NAGLE_OFF") ? "true" : "false"}};
     for (auto &p : props)
         if (rd_kafka_conf_set(conf, p[0], p[1], err, sizeof err) != RD_KAFKA_CONF_OK) {

@@ -3,6 +3,7 @@
 #include "outbox/guc.h"
 
 #include "outbox/kafka/config.h"
+#include "outbox/topic.h"
 #include "outbox/workers.h"
 
 extern "C" {
@@ -20,6 +21,9 @@ int outbox_workers = 1;
 int outbox_max_attempts = 10;
 bool outbox_synchronous_commit = true;
 int outbox_retention_s = 7 * 24 * 3600;
+bool outbox_inbox = false;
+char *outbox_inbox_topics = nullptr;
+char *outbox_inbox_group = nullptr;
 }
 
 namespace {
@@ -41,6 +45,30 @@ bool check_database(char **newval, void **, GucSource) {
     if (outbox_parse_database_list(*newval ? *newval : "", names, &n, &why)) return true;
     GUC_check_errdetail("%s.", why);
     return false;
+}
+
+// outbox.inbox_topics: topic names Kafka accepts, comma-separated.
+bool check_inbox_topics(char **newval, void **, GucSource) {
+    const char *p = *newval ? *newval : "";
+    static char why[300];
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        const char *start = p;
+        while (*p && *p != ',') p++;
+        const char *end = p;
+        while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        if (end > start || *p == ',') {
+            std::string_view topic(start, static_cast<std::size_t>(end - start));
+            if (const char *reason = outbox::topic_name_error(topic)) {
+                snprintf(why, sizeof why, "\"%.*s\": %s.", static_cast<int>(topic.size()),
+                         topic.data(), reason);
+                GUC_check_errdetail("%s", why);
+                return false;
+            }
+        }
+        if (*p == '\0') return true;
+        p++;
+    }
 }
 
 }  // namespace
@@ -107,6 +135,20 @@ void outbox_define_gucs(void) {
         "this are deleted.",
         "0 keeps everything. Pending and parked messages are never deleted.",
         &outbox_retention_s, 7 * 24 * 3600, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr,
+        nullptr);
+
+    DefineCustomBoolVariable(
+        "outbox.inbox", "Starts the inbox workers (a Kafka consumer and a handler) per database.",
+        "Needs a restart.", &outbox_inbox, false, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.inbox_topics", "Kafka topics the inbox consumer stores, comma-separated.",
+        "Empty: the consumer stays idle. outbox.inbox must be on.", &outbox_inbox_topics, "",
+        PGC_SIGHUP, 0, check_inbox_topics, nullptr, nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.inbox_group", "Kafka consumer group of the inbox consumer.",
+        "Empty: outbox-<database>.", &outbox_inbox_group, "", PGC_SIGHUP, 0, nullptr, nullptr,
         nullptr);
 
     MarkGUCPrefixReserved("outbox");

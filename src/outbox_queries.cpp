@@ -2,6 +2,8 @@
 
 extern "C" {
 #include "catalog/pg_type.h"
+#include "catalog/namespace.h"
+#include "utils/lsyscache.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "utils/array.h"
@@ -17,6 +19,14 @@ SPIPlanPtr mark_claimed_plan = nullptr;
 SPIPlanPtr failure_plan = nullptr;
 SPIPlanPtr insert_plan = nullptr;
 SPIPlanPtr retention_plans[3] = {nullptr, nullptr, nullptr};
+SPIPlanPtr inbox_insert_plan = nullptr;
+SPIPlanPtr inbox_insert_raw_plan = nullptr;
+SPIPlanPtr inbox_claim_plan = nullptr;
+SPIPlanPtr inbox_keys_plan = nullptr;
+SPIPlanPtr inbox_next_plan = nullptr;
+SPIPlanPtr inbox_subs_plan = nullptr;
+SPIPlanPtr inbox_done_plan = nullptr;
+SPIPlanPtr inbox_failed_plan = nullptr;
 
 // Prepares `sql` once per process and keeps the plan; the plan cache
 // re-plans it by itself when the table changes (or is recreated).
@@ -184,6 +194,173 @@ int64 outbox_retention_delete(OutboxRetention which, TimestampTz cutoff, int lim
     if (rc != SPI_OK_DELETE)
         elog(ERROR, "pg outbox: retention failed: %s", SPI_result_code_string(rc));
     return static_cast<int64>(SPI_processed);
+}
+
+namespace {
+
+Datum text_or_null_array(const char *const *values, int n) {
+    Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+    bool *nulls = static_cast<bool *>(palloc(sizeof(bool) * (n > 0 ? n : 1)));
+    for (int i = 0; i < n; i++) {
+        nulls[i] = values[i] == nullptr;
+        elems[i] = nulls[i] ? 0 : CStringGetTextDatum(values[i]);
+    }
+    int dims[1] = {n};
+    int lbs[1] = {1};
+    return PointerGetDatum(
+        construct_md_array(elems, nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+}  // namespace
+
+int64 outbox_inbox_insert(const OutboxInboxRow *rows, int n) {
+    const char **event_ids = static_cast<const char **>(palloc(sizeof(char *) * n));
+    const char **topics = static_cast<const char **>(palloc(sizeof(char *) * n));
+    const char **keys = static_cast<const char **>(palloc(sizeof(char *) * n));
+    const char **payloads = static_cast<const char **>(palloc(sizeof(char *) * n));
+    const char **headers = static_cast<const char **>(palloc(sizeof(char *) * n));
+    Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) {
+        event_ids[i] = rows[i].event_id;
+        topics[i] = rows[i].topic;
+        keys[i] = rows[i].key;
+        payloads[i] = rows[i].payload;
+        headers[i] = rows[i].headers;
+        partitions[i] = Int32GetDatum(rows[i].partition);
+        offsets[i] = Int64GetDatum(rows[i].offset);
+    }
+    Oid types[7] = {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID,
+                    TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+    Datum values[7] = {
+        text_or_null_array(event_ids, n), text_or_null_array(topics, n),
+        text_or_null_array(keys, n),      text_or_null_array(payloads, n),
+        text_or_null_array(headers, n),
+        PointerGetDatum(construct_array(partitions, n, INT4OID, 4, true, TYPALIGN_INT)),
+        PointerGetDatum(construct_array(offsets, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE))};
+    int rc = SPI_execute_plan(saved_plan(&inbox_insert_plan, outbox::sql::kInboxInsert, 7, types),
+                              values, nullptr, false, 0);
+    if (rc != SPI_OK_INSERT)
+        elog(ERROR, "pg outbox: storing inbox records failed: %s", SPI_result_code_string(rc));
+    return static_cast<int64>(SPI_processed);
+}
+
+int64 outbox_inbox_insert_raw(const OutboxInboxRow *row) {
+    Oid types[7] = {TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID};
+    Datum values[7] = {row->event_id ? CStringGetTextDatum(row->event_id) : 0,
+                       CStringGetTextDatum(row->topic),
+                       row->key ? CStringGetTextDatum(row->key) : 0,
+                       CStringGetTextDatum(row->payload),
+                       CStringGetTextDatum(row->headers),
+                       Int32GetDatum(row->partition),
+                       Int64GetDatum(row->offset)};
+    char nulls[7] = {row->event_id ? ' ' : 'n', ' ', row->key ? ' ' : 'n', ' ', ' ', ' ', ' '};
+    int rc = SPI_execute_plan(
+        saved_plan(&inbox_insert_raw_plan, outbox::sql::kInboxInsertRaw, 7, types), values, nulls,
+        false, 0);
+    if (rc != SPI_OK_INSERT)
+        elog(ERROR, "pg outbox: storing an inbox record failed: %s", SPI_result_code_string(rc));
+    return static_cast<int64>(SPI_processed);
+}
+
+bool outbox_inbox_ready(void) {
+    Oid nsp = get_namespace_oid("outbox", true);
+    return OidIsValid(nsp) && OidIsValid(get_relname_relid("inbox_subscription", nsp));
+}
+
+void outbox_inbox_subscriptions(char ***topics, Oid **handlers, Oid **run_as, int *n) {
+    int rc = SPI_execute_plan(saved_plan(&inbox_subs_plan, outbox::sql::kInboxSubscriptions, 0,
+                                         nullptr),
+                              nullptr, nullptr, false, 0);
+    if (rc != SPI_OK_SELECT)
+        elog(ERROR, "pg outbox: reading inbox subscriptions failed: %s", SPI_result_code_string(rc));
+    *n = static_cast<int>(SPI_processed);
+    *topics = static_cast<char **>(palloc(sizeof(char *) * (*n + 1)));
+    *handlers = static_cast<Oid *>(palloc(sizeof(Oid) * (*n + 1)));
+    *run_as = static_cast<Oid *>(palloc(sizeof(Oid) * (*n + 1)));
+    for (int i = 0; i < *n; i++) {
+        HeapTuple tup = SPI_tuptable->vals[i];
+        TupleDesc desc = SPI_tuptable->tupdesc;
+        bool isnull;
+        (*topics)[i] = SPI_getvalue(tup, desc, 1);
+        (*handlers)[i] = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
+        (*run_as)[i] = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
+    }
+}
+
+char **outbox_inbox_retrying_keys(int *n) {
+    int rc = SPI_execute_plan(saved_plan(&inbox_keys_plan, outbox::sql::kInboxRetryingKeys, 0,
+                                         nullptr),
+                              nullptr, nullptr, false, 0);
+    if (rc != SPI_OK_SELECT)
+        elog(ERROR, "pg outbox: reading retrying inbox keys failed: %s", SPI_result_code_string(rc));
+    *n = static_cast<int>(SPI_processed);
+    char **keys = static_cast<char **>(palloc(sizeof(char *) * (*n + 1)));
+    for (int i = 0; i < *n; i++) keys[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+    return keys;
+}
+
+int outbox_inbox_claim(int limit, char **topics, int ntopics, char **blocked, int nblocked,
+                       OutboxInboxClaim **rows) {
+    std::size_t *tlen = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (ntopics + 1)));
+    for (int i = 0; i < ntopics; i++) tlen[i] = strlen(topics[i]);
+    std::size_t *blen = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (nblocked + 1)));
+    for (int i = 0; i < nblocked; i++) blen[i] = strlen(blocked[i]);
+    Oid types[3] = {INT4OID, TEXTARRAYOID, TEXTARRAYOID};
+    Datum values[3] = {Int32GetDatum(limit), outbox_text_array(topics, tlen, ntopics),
+                       outbox_text_array(blocked, blen, nblocked)};
+    int rc = SPI_execute_plan(saved_plan(&inbox_claim_plan, outbox::sql::kInboxClaim, 3, types),
+                              values, nullptr, false, limit);
+    if (rc != SPI_OK_SELECT)
+        elog(ERROR, "pg outbox: claiming inbox records failed: %s", SPI_result_code_string(rc));
+    int n = static_cast<int>(SPI_processed);
+    auto *out = static_cast<OutboxInboxClaim *>(palloc(sizeof(OutboxInboxClaim) * (n + 1)));
+    TupleDesc desc = SPI_tuptable->tupdesc;
+    for (int i = 0; i < n; i++) {
+        HeapTuple tup = SPI_tuptable->vals[i];
+        bool isnull;
+        out[i].row = SPI_getbinval(tup, desc, 1, &isnull);
+        out[i].event_id = SPI_getbinval(tup, desc, 2, &isnull);
+        out[i].topic = SPI_getvalue(tup, desc, 3);
+        out[i].key = SPI_getvalue(tup, desc, 4);  // NULL stays nullptr
+    }
+    *rows = out;
+    return n;
+}
+
+void outbox_inbox_done(Datum event_id) {
+    Oid types[1] = {UUIDOID};
+    Datum values[1] = {event_id};
+    int rc = SPI_execute_plan(saved_plan(&inbox_done_plan, outbox::sql::kInboxDone, 1, types),
+                              values, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE)
+        elog(ERROR, "pg outbox: marking an inbox record processed failed: %s",
+             SPI_result_code_string(rc));
+}
+
+bool outbox_inbox_failed(Datum event_id, const char *error, int max_attempts) {
+    Oid types[3] = {UUIDOID, TEXTOID, INT4OID};
+    Datum values[3] = {event_id, CStringGetTextDatum(error), Int32GetDatum(max_attempts)};
+    int rc = SPI_execute_plan(saved_plan(&inbox_failed_plan, outbox::sql::kInboxFailed, 3, types),
+                              values, nullptr, false, 0);
+    if (rc != SPI_OK_UPDATE_RETURNING)
+        elog(ERROR, "pg outbox: recording a failed handler call failed: %s",
+             SPI_result_code_string(rc));
+    bool isnull;
+    return SPI_processed > 0 &&
+           DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+TimestampTz outbox_inbox_next_retry(void) {
+    int rc = SPI_execute_plan(saved_plan(&inbox_next_plan, outbox::sql::kInboxNextRetry, 0, nullptr),
+                              nullptr, nullptr, false, 0);
+    if (rc != SPI_OK_SELECT)
+        elog(ERROR, "pg outbox: reading inbox retries failed: %s", SPI_result_code_string(rc));
+    bool isnull = true;
+    Datum d = SPI_processed > 0
+                  ? SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)
+                  : 0;
+    return isnull ? 0 : DatumGetTimestampTz(d);
 }
 
 void outbox_insert_message(const pg_uuid_t *message_id, Datum topic, Datum key, Datum payload,

@@ -127,4 +127,25 @@ Datum outbox_wake_relay_at_commit(PG_FUNCTION_ARGS) {
     PG_RETURN_VOID();
 }
 
+PGDLLEXPORT Datum outbox_wake_inbox_at_commit(PG_FUNCTION_ARGS);
+PG_FUNCTION_INFO_V1(outbox_wake_inbox_at_commit);
+
+// outbox._wake_inbox_at_commit() -> void
+Datum outbox_wake_inbox_at_commit(PG_FUNCTION_ARGS) {
+    outbox_wakeup_note_inbox();
+    PG_RETURN_VOID();
+}
+
+PGDLLEXPORT Datum outbox_topic_error(PG_FUNCTION_ARGS);
+PG_FUNCTION_INFO_V1(outbox_topic_error);
+
+// outbox._topic_error(topic text) -> text: NULL when Kafka accepts it.
+Datum outbox_topic_error(PG_FUNCTION_ARGS) {
+    text *topic = PG_GETARG_TEXT_PP(0);
+    const char *why = outbox::topic_name_error(
+        std::string_view(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)));
+    if (!why) PG_RETURN_NULL();
+    PG_RETURN_TEXT_P(cstring_to_text(why));
+}
+
 }  // extern "C"

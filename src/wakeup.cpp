@@ -8,8 +8,10 @@ extern "C" {
 
 namespace {
 
-// Set by outbox.write(); read and cleared at the end of the transaction.
+// Set by outbox.write() (and inbox writes); read and cleared at the end of
+// the transaction.
 bool wrote_in_this_transaction = false;
+bool inbox_in_this_transaction = false;
 
 // Runs after the commit is visible to other transactions (after
 // ProcArrayEndTransaction), so the relay that wakes up sees the rows.
@@ -22,11 +24,16 @@ void on_xact_event(XactEvent event, void *) {
                 wrote_in_this_transaction = false;
                 outbox_wake(OUTBOX_ROLE_RELAY, MyDatabaseId);
             }
+            if (inbox_in_this_transaction) {
+                inbox_in_this_transaction = false;
+                outbox_wake(OUTBOX_ROLE_INBOX_HANDLER, MyDatabaseId);
+            }
             break;
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
         case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere: the poll finds it
             wrote_in_this_transaction = false;
+            inbox_in_this_transaction = false;
             break;
         default:
             break;
@@ -38,3 +45,5 @@ void on_xact_event(XactEvent event, void *) {
 void outbox_wakeup_init(void) { RegisterXactCallback(on_xact_event, nullptr); }
 
 void outbox_wakeup_note_write(void) { wrote_in_this_transaction = true; }
+
+void outbox_wakeup_note_inbox(void) { inbox_in_this_transaction = true; }

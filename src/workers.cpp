@@ -95,12 +95,20 @@ int outbox_maintenance_slot(int database_index) {
     return outbox_database_count() * outbox_workers + database_index;
 }
 
+int outbox_inbox_consumer_slot(int database_index) {
+    return outbox_database_count() * (outbox_workers + 1) + database_index;
+}
+
+int outbox_inbox_handler_slot(int database_index) {
+    return outbox_database_count() * (outbox_workers + 2) + database_index;
+}
+
 void outbox_relay_of_slot(int slot, int *database_index, int *share) {
     *database_index = slot / outbox_workers;
     *share = slot % outbox_workers;
 }
 
-int outbox_slot_count(void) { return outbox_database_count() * (outbox_workers + 1); }
+int outbox_slot_count(void) { return outbox_database_count() * (outbox_workers + 3); }
 
 void outbox_register_workers(void) {
     for (int d = 0; d < outbox_database_count(); d++) {
@@ -109,5 +117,11 @@ void outbox_register_workers(void) {
                          outbox_database_name(d));
         register_one("pg outbox maintenance", "outbox_maintenance_main",
                      outbox_maintenance_slot(d), outbox_database_name(d));
+        if (outbox_inbox) {
+            register_one("pg outbox inbox consumer", "outbox_inbox_consumer_main",
+                         outbox_inbox_consumer_slot(d), outbox_database_name(d));
+            register_one("pg outbox inbox handler", "outbox_inbox_handler_main",
+                         outbox_inbox_handler_slot(d), outbox_database_name(d));
+        }
     }
 }

@@ -14,6 +14,9 @@ extern int outbox_workers;
 extern int outbox_max_attempts;
 extern bool outbox_synchronous_commit;
 extern int outbox_retention_s;
+extern bool outbox_inbox;
+extern char *outbox_inbox_topics;
+extern char *outbox_inbox_group;
 }
 
 // Defines every outbox.* GUC and reserves the prefix.  Called from _PG_init.

@@ -72,4 +72,68 @@ inline constexpr const char kRetentionInbox[] =
     " ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
     " AND processed AND processed_at < $1";
 
+// ---- inbox ----
+
+// The consumer's batch: one row per record, a duplicate event_id dropped.
+// A record without a UUID event_id header gets one derived from where it
+// is in Kafka (topic/partition/offset), so a redelivery is still known.
+inline constexpr const char kInboxInsert[] =
+    "INSERT INTO outbox.inbox_message"
+    " (event_id, topic, key, payload, headers, kafka_partition, kafka_offset)"
+    " SELECT coalesce(r.event_id::uuid,"
+    " pg_catalog.md5(r.topic || '/' || r.kafka_partition || '/' || r.kafka_offset)::uuid),"
+    " r.topic, r.key, r.payload::jsonb, r.headers::jsonb, r.kafka_partition, r.kafka_offset"
+    " FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),"
+    " pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]),"
+    " pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::int4[]),"
+    " pg_catalog.unnest($7::int8[]))"
+    " AS r(event_id, topic, key, payload, headers, kafka_partition, kafka_offset)"
+    " ON CONFLICT (event_id) DO NOTHING";
+
+// The same for one record whose value Postgres' jsonb refuses (say a
+// \u0000 escape): kept as text, never dropped.
+inline constexpr const char kInboxInsertRaw[] =
+    "INSERT INTO outbox.inbox_message"
+    " (event_id, topic, key, payload, headers, kafka_partition, kafka_offset)"
+    " VALUES (coalesce($1::uuid, pg_catalog.md5($2 || '/' || $6 || '/' || $7)::uuid),"
+    " $2, $3, pg_catalog.jsonb_build_object('raw_text', $4::text), $5::jsonb, $6, $7)"
+    " ON CONFLICT (event_id) DO NOTHING";
+
+// The handler's claim: unprocessed records of subscribed topics ($2), in
+// arrival order, skipping parked ones, ones waiting for a retry, and keys
+// with an earlier record waiting for a retry ($3).
+inline constexpr const char kInboxClaim[] =
+    "SELECT m, m.event_id, m.topic, m.key FROM outbox.inbox_message m"
+    " WHERE NOT m.processed AND m.parked_at IS NULL"
+    " AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now())"
+    " AND m.topic = ANY($2) AND (m.key IS NULL OR m.key <> ALL($3))"
+    " ORDER BY m.received_at, m.seq LIMIT $1"
+    " FOR UPDATE SKIP LOCKED";
+
+inline constexpr const char kInboxRetryingKeys[] =
+    "SELECT DISTINCT key FROM outbox.inbox_message"
+    " WHERE NOT processed AND next_attempt_at IS NOT NULL"
+    " AND next_attempt_at > pg_catalog.now() AND parked_at IS NULL AND key IS NOT NULL";
+
+inline constexpr const char kInboxNextRetry[] =
+    "SELECT min(next_attempt_at) FROM outbox.inbox_message"
+    " WHERE NOT processed AND next_attempt_at IS NOT NULL AND parked_at IS NULL";
+
+inline constexpr const char kInboxSubscriptions[] =
+    "SELECT topic, handler::oid, run_as::oid FROM outbox.inbox_subscription";
+
+inline constexpr const char kInboxDone[] =
+    "UPDATE outbox.inbox_message SET processed = true,"
+    " processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL"
+    " WHERE event_id = $1";
+
+// A failed handler call: one attempt more, the error kept, a retry after
+// 0.5 s doubling to 5 min, parked at the $3rd failure.
+inline constexpr const char kInboxFailed[] =
+    "UPDATE outbox.inbox_message SET attempts = attempts + 1, last_error = $2,"
+    " next_attempt_at = CASE WHEN attempts + 1 >= $3 THEN NULL ELSE pg_catalog.clock_timestamp()"
+    " + pg_catalog.make_interval(secs => least(300, 0.5 * pg_catalog.power(2, attempts))) END,"
+    " parked_at = CASE WHEN attempts + 1 >= $3 THEN pg_catalog.clock_timestamp() END"
+    " WHERE event_id = $1 RETURNING parked_at IS NOT NULL";
+
 }  // namespace outbox::sql

@@ -9,3 +9,7 @@ void outbox_wakeup_init(void);
 
 // Called by outbox.write(): the current transaction holds a new message.
 void outbox_wakeup_note_write(void);
+
+// The current transaction stored inbox records (or changed subscriptions):
+// wake the inbox handler at commit.
+void outbox_wakeup_note_inbox(void);

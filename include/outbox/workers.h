@@ -5,6 +5,8 @@
 // Per database d of outbox.database (in the order listed):
 //   relay share w   slot d * outbox.workers + w
 //   maintenance     slot ndb * outbox.workers + d
+//   inbox consumer  slot ndb * (outbox.workers + 1) + d        (outbox.inbox = on)
+//   inbox handler   slot ndb * (outbox.workers + 2) + d        (outbox.inbox = on)
 #pragma once
 
 #include "outbox/pg.h"
@@ -17,6 +19,8 @@ const char *outbox_database_name(int index);
 
 int outbox_relay_slot(int database_index, int share);
 int outbox_maintenance_slot(int database_index);
+int outbox_inbox_consumer_slot(int database_index);
+int outbox_inbox_handler_slot(int database_index);
 
 // For a relay's slot: its database index and key share.
 void outbox_relay_of_slot(int slot, int *database_index, int *share);

@@ -112,6 +112,34 @@ bool parse_properties(std::string_view text, std::vector<Property> &out,
     }
 }
 
+bool is_producer_only_property(const std::string &name) noexcept {
+    static const char *const names[] = {
+        "enable.idempotence", "acks", "request.required.acks", "partitioner", "linger.ms",
+        "queue.buffering.max.ms", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+        "compression.type", "compression.codec", "compression.level", "message.timeout.ms",
+        "delivery.timeout.ms", "max.in.flight.requests.per.connection", "max.in.flight",
+        "retries", "message.send.max.retries", "retry.backoff.ms", "batch.num.messages",
+        "batch.size", "sticky.partitioning.linger.ms", "enable.gapless.guarantee",
+        "request.timeout.ms"};
+    for (const char *n : names)
+        if (name == n) return true;
+    return false;
+}
+
+bool is_consumer_only_property(const std::string &name) noexcept {
+    static const char *const names[] = {
+        "group.id", "group.instance.id", "session.timeout.ms", "heartbeat.interval.ms",
+        "max.poll.interval.ms", "auto.offset.reset", "enable.auto.commit",
+        "auto.commit.interval.ms", "enable.auto.offset.store", "partition.assignment.strategy",
+        "fetch.wait.max.ms", "fetch.min.bytes", "fetch.max.bytes", "fetch.message.max.bytes",
+        "max.partition.fetch.bytes", "fetch.error.backoff.ms", "queued.min.messages",
+        "queued.max.messages.kbytes", "isolation.level", "check.crcs", "allow.auto.create.topics",
+        "enable.partition.eof", "group.protocol.type", "coordinator.query.interval.ms"};
+    for (const char *n : names)
+        if (name == n) return true;
+    return false;
+}
+
 bool check_properties(std::string_view text, char *errbuf, std::size_t errlen) noexcept {
     try {
         std::vector<Property> props;

@@ -27,4 +27,10 @@ bool parse_properties(std::string_view text, std::vector<Property> &out,
 // own validation.  Writes the first problem into errbuf and returns false.
 bool check_properties(std::string_view text, char *errbuf, std::size_t errlen) noexcept;
 
+// outbox.kafka_config serves the relay's producer and the inbox's consumer;
+// each skips the properties that only concern the other (librdkafka would
+// warn about them on every start).
+bool is_producer_only_property(const std::string &name) noexcept;
+bool is_consumer_only_property(const std::string &name) noexcept;
+
 }  // namespace outbox::kafka
