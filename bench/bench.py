@@ -260,7 +260,8 @@ def pgbench_tps(pg, script, clients, seconds):
 
 def write_cost(pg, clients, seconds, runs):
     """tx/s of CreateOrder with outbox.write() and with a plain INSERT into an
-    outbox-shaped table, alternating, same cluster."""
+    outbox-shaped table, in pairs run back to back (order alternating), same
+    cluster: the machine's drift hits both halves of a pair alike."""
     outbox, plain = [], []
     for r in range(runs):
         order = [(WITH_OUTBOX, outbox), (WITH_PLAIN_INSERT, plain)]
@@ -269,6 +270,43 @@ def write_cost(pg, clients, seconds, runs):
         for script, into in order:
             into.append(pgbench_tps(pg, script, clients, seconds))
     return outbox, plain
+
+
+def extra_costs(outbox, plain):
+    """Per pair: how much more a transaction with outbox.write() costs."""
+    return [p / o - 1 for o, p in zip(outbox, plain)]
+
+
+# ---- inbox -------------------------------------------------------------------
+
+INBOX_TOPIC = "bench.inbox"
+INBOX_SCHEMA = """
+CREATE TABLE IF NOT EXISTS inbox_handled (event_id uuid PRIMARY KEY, account text, amount numeric);
+CREATE OR REPLACE FUNCTION bench_handler(msg outbox.inbox_message) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO inbox_handled VALUES (msg.event_id, msg.key, (msg.payload->>'id')::numeric);
+$$;
+"""
+
+
+def inbox_run(pg, broker, n):
+    """A burst of n records: how fast the consumer stores them (no handler
+    yet), then how fast the handler works them off."""
+    pg.sql(INBOX_SCHEMA)
+    pg.sql("TRUNCATE outbox.inbox_message, inbox_handled")
+    pg.sql("SELECT outbox.inbox_unsubscribe(%s)", (INBOX_TOPIC,))
+    t0 = time.time()
+    subprocess.run([os.path.join(BUILD, "produce_ceiling"), broker.bootstrap, INBOX_TOPIC,
+                    str(n), str(KEYS), "200", "0"], check=True, capture_output=True)
+    wait_until(lambda: pg.scalar("SELECT count(*) FROM outbox.inbox_message") >= n, 300,
+               interval=0.05, what="the burst stored")
+    ingest = n / (time.time() - t0)
+    t1 = time.time()
+    pg.sql("SELECT outbox.inbox_subscribe(%s, 'bench_handler(outbox.inbox_message)')",
+           (INBOX_TOPIC,))
+    wait_until(lambda: pg.scalar("SELECT count(*) FROM inbox_handled") >= n, 600,
+               interval=0.05, what="the burst handled")
+    handle = n / (time.time() - t1)
+    return ingest, handle
 
 
 # ---- retention ---------------------------------------------------------------
@@ -317,11 +355,12 @@ def main():
     drain_n = 20000 if args.quick else 100000
     rss_n = 100000 if args.quick else 1000000
     lat_seconds = 5 if args.quick else 20
-    write_seconds = 3 if args.quick else 8
+    write_seconds = 3 if args.quick else 4
 
-    broker = TestBroker(topics=(f"{TOPIC}:{PARTITIONS}",))
+    broker = TestBroker(topics=(f"{TOPIC}:{PARTITIONS}", f"{INBOX_TOPIC}:{PARTITIONS}"))
     pg = PgCluster({"outbox.brokers": f"'{broker.bootstrap}'",
                     "fsync": "on", "synchronous_commit": "on", "autovacuum_naptime": "'10s'",
+                    "outbox.inbox": "on", "outbox.inbox_topics": f"'{INBOX_TOPIC}'",
                     "shared_buffers": "'512MB'", "max_wal_size": "'8GB'",
                     "checkpoint_timeout": "'30min'"}, name="outbox-bench")
     results = {}
@@ -375,7 +414,7 @@ def main():
             pg.reload()
             time.sleep(1)
             for clients in (1, 8):
-                wc[(relay, clients)] = write_cost(pg, clients, write_seconds, min(runs, 3))
+                wc[(relay, clients)] = write_cost(pg, clients, write_seconds, runs)
         results["write_cost"] = {f"{k[0]}/{k[1]}": v for k, v in wc.items()}
 
         print(f"memory: draining {drain_n:,} and then {rss_n:,} messages ...", flush=True)
@@ -383,6 +422,10 @@ def main():
         _, before_small, peak_small = drain_once(pg, drain_n, sample_rss=True)
         _, before_big, peak_big = drain_once(pg, rss_n, sample_rss=True)
         results["rss_kb"] = {"small": [before_small, peak_small], "big": [before_big, peak_big]}
+
+        print(f"inbox: {runs} bursts of {drain_n:,} records ...", flush=True)
+        inbox = [inbox_run(pg, broker, drain_n) for _ in range(runs)]
+        results["inbox"] = inbox
 
         ret_seconds = 60 if args.quick else 240
         print(f"retention: {ret_seconds} s of writes at 1,000 msg/s, outbox.retention = 20s ...",
@@ -416,11 +459,16 @@ def main():
         lines.append(f"| latency runs: lost / duplicates | {sum(r['lost'] for r in lats)} / "
                      f"{sum(r['dups'] for r in lats)} of {sum(r['n'] for r in lats):,} | |")
         for (relay, clients), (ob, pl) in wc.items():
-            extra = med(pl) / med(ob) - 1
+            extra = extra_costs(ob, pl)
             lines.append(f"| write, {clients} client{'s' if clients > 1 else ''}, relay {relay}: "
                          f"outbox.write() / plain INSERT | "
                          f"{fmt_range(ob, ' tx/s')} / {fmt_range(pl, ' tx/s')} | "
-                         f"outbox.write() costs {extra:+.1%} |")
+                         f"outbox.write() costs {med(extra):+.1%} (pairs {min(extra):+.0%} to "
+                         f"{max(extra):+.0%}) |")
+        lines.append(f"| inbox burst of {drain_n:,}: consumer stores | "
+                     f"{fmt_range([i[0] for i in inbox], ' records/s')} | |")
+        lines.append(f"| inbox burst: handler (SQL insert) works off | "
+                     f"{fmt_range([i[1] for i in inbox], ' records/s')} | |")
         lines.append(f"| relay private RSS (RssAnon) draining {drain_n:,} (before -> peak) | "
                      f"{before_small / 1024:.1f} -> {peak_small / 1024:.1f} MB | |")
         lines.append(f"| relay private RSS (RssAnon) draining {rss_n:,} (before -> peak) | "

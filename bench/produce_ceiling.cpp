@@ -76,8 +76,12 @@ int main(int argc, char **argv) {
         for (; sent < end; ++sent) {
             std::string key = "key-" + std::to_string(sent % keys);
             std::string value = "{\"id\": " + std::to_string(sent) + ", \"pad\": \"" + pad + "\"}";
+            // A distinct event_id per record (the inbox benchmark relies on it).
+            char event_id[64];
+            std::snprintf(event_id, sizeof event_id, "00000000-0000-4000-8000-%012ld",
+                          sent % 1000000000000L);
             rd_kafka_headers_t *h = rd_kafka_headers_new(1);
-            rd_kafka_header_add(h, "event_id", 8, "01a23748-1bfd-7e6a-91ca-ce8739afb9df", 36);
+            rd_kafka_header_add(h, "event_id", 8, event_id, 36);
             while (rd_kafka_producev(rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_KEY(key.data(), key.size()),
                                      RD_KAFKA_V_VALUE(value.data(), value.size()),
                                      RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
