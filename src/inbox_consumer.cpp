@@ -31,6 +31,7 @@
 #include "outbox/guc.h"
 #include "outbox/outbox_queries.h"
 #include "outbox/shmem.h"
+#include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
@@ -146,19 +147,7 @@ char *keep_string(char *old, const char *value) {
     return MemoryContextStrdup(TopMemoryContext, value ? value : "");
 }
 
-void wait_events(long timeout_ms) {
-    WaitEvent events[3];
-    int n = WaitEventSetWait(st->wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
-    for (int i = 0; i < n; i++) {
-        if (events[i].events & WL_LATCH_SET) ResetLatch(MyLatch);
-        if (events[i].events & WL_SOCKET_READABLE) {
-            char buf[64];
-            while (read(st->wake_pipe[0], buf, sizeof buf) > 0) {
-            }
-        }
-    }
-    CHECK_FOR_INTERRUPTS();
-}
+void wait_events(long timeout_ms) { outbox_worker_wait(st->wait_set, st->wake_pipe[0], timeout_ms); }
 
 void emit_log() {
     Consumer *c = st->consumer.get();
@@ -193,44 +182,34 @@ int64 store(int from, int n, bool raw) {
     return raw ? outbox_inbox_insert_raw(&rows[0]) : outbox_inbox_insert(rows, n);
 }
 
-// Runs store() in a subtransaction; false (with the error logged at DEBUG1)
-// when it failed, which rolls back only the subtransaction.
+struct StoreCall {
+    int from;
+    int n;
+    bool raw;
+    int64 inserted;
+};
+
+void store_call(void *arg) {
+    auto *c = static_cast<StoreCall *>(arg);
+    c->inserted += store(c->from, c->n, c->raw);
+}
+
+// Runs store() in a subtransaction; false (the error logged at DEBUG1) when
+// it failed, which rolls back only the subtransaction.
 bool store_guarded(int from, int n, bool raw, int64 *inserted) {
-    MemoryContext cxt = CurrentMemoryContext;
-    ResourceOwner owner = CurrentResourceOwner;
-    volatile bool ok = true;
-    BeginInternalSubTransaction(nullptr);
-    MemoryContextSwitchTo(cxt);
-    PG_TRY();
-    {
-        *inserted += store(from, n, raw);
-        ReleaseCurrentSubTransaction();
-        MemoryContextSwitchTo(cxt);
-        CurrentResourceOwner = owner;
+    StoreCall call{from, n, raw, 0};
+    char *error = nullptr;
+    if (!outbox_worker_subtransaction(store_call, &call, &error)) {
+        ereport(DEBUG1, (errmsg("%s: storing records failed: %s", st->label, error)));
+        return false;
     }
-    PG_CATCH();
-    {
-        MemoryContextSwitchTo(cxt);
-        ErrorData *edata = CopyErrorData();
-        FlushErrorState();
-        RollbackAndReleaseCurrentSubTransaction();
-        MemoryContextSwitchTo(cxt);
-        CurrentResourceOwner = owner;
-        ereport(DEBUG1, (errmsg("%s: storing records failed: %s", st->label, edata->message)));
-        FreeErrorData(edata);
-        ok = false;
-    }
-    PG_END_TRY();
-    return ok;
+    *inserted += call.inserted;
+    return true;
 }
 
 // One batch: store, commit, wake the handler, commit the offsets.
 void handle_batch(int n) {
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    SPI_connect();
-    PushActiveSnapshot(GetTransactionSnapshot());
-    pgstat_report_activity(STATE_RUNNING, "pg outbox: storing inbox records");
+    outbox_worker_begin("pg outbox: storing inbox records");
     int64 inserted = 0;
     if (!outbox_extension_ready())
         ereport(ERROR, (errmsg("%s: the outbox extension is not installed in database \"%s\"",
@@ -247,12 +226,7 @@ void handle_batch(int n) {
                 inserted += store(i, 1, true);
             }
     }
-    SPI_finish();
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    MemoryContextSwitchTo(st->loop_context);
-    pgstat_report_stat(false);
-    pgstat_report_activity(STATE_IDLE, nullptr);
+    outbox_worker_commit(st->loop_context);
     outbox_wake(OUTBOX_ROLE_INBOX_HANDLER, MyDatabaseId);
 
     // Only now may Kafka forget them.
@@ -360,16 +334,8 @@ void outbox_inbox_consumer_main(Datum main_arg) {
     st->built_topics = keep_string(nullptr, "");
     st->built_group = keep_string(nullptr, "");
     outbox_slot_attach(slot, OUTBOX_ROLE_INBOX_CONSUMER, 0, MyDatabaseId);
-    if (pipe2(st->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
-        ereport(FATAL, (errmsg("%s: could not create a pipe: %m", st->label)));
-#if PG_VERSION_NUM >= 170000
-    st->wait_set = CreateWaitEventSet(nullptr, 3);
-#else
-    st->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
-#endif
-    AddWaitEventToSet(st->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
-    AddWaitEventToSet(st->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
-    AddWaitEventToSet(st->wait_set, WL_SOCKET_READABLE, st->wake_pipe[0], nullptr, nullptr);
+    outbox_worker_pipe(st->wake_pipe, st->label);
+    st->wait_set = outbox_worker_wait_set(st->wake_pipe[0]);
     before_shmem_exit(on_exit, 0);
     ereport(LOG, (errmsg("%s started", st->label)));
 
@@ -383,16 +349,7 @@ void outbox_inbox_consumer_main(Datum main_arg) {
         }
         PG_CATCH();
         {
-            HOLD_INTERRUPTS();
-            MemoryContextSwitchTo(st->loop_context);
-            ErrorData *edata = CopyErrorData();
-            outbox_stats_error(edata->message);
-            FreeErrorData(edata);
-            EmitErrorReport();
-            AbortCurrentTransaction();
-            FlushErrorState();
-            pgstat_report_activity(STATE_IDLE, nullptr);
-            RESUME_INTERRUPTS();
+            outbox_worker_recover(st->loop_context);
             // The batch was not stored and its offsets not committed: drop
             // the consumer so that Kafka hands the records out again.
             consumer_disconnect();

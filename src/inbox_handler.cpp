@@ -22,6 +22,7 @@
 #include "outbox/guc.h"
 #include "outbox/outbox_queries.h"
 #include "outbox/shmem.h"
+#include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
@@ -60,14 +61,10 @@ struct Subscription {
     Oid run_as;
 };
 
+WaitEventSet *wait_set = nullptr;
+
 void wait_ms(long ms) {
-    int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms,
-                       PG_WAIT_EXTENSION);
-    if (rc & WL_LATCH_SET) {
-        ResetLatch(MyLatch);
-        woken = true;
-    }
-    CHECK_FOR_INTERRUPTS();
+    if (outbox_worker_wait(wait_set, -1, ms)) woken = true;
 }
 
 bool key_in(const char *key, char **keys, int n) {
@@ -84,67 +81,49 @@ bool may_execute(Oid handler, Oid role) {
 #endif
 }
 
-// Calls the handler for one record and marks it processed, in a
-// subtransaction.  On error: returns false with the message in *error
-// (palloc'd) and nothing of the call left behind.
-bool handle_one(const Subscription &sub, Datum row, Datum event_id, char **error) {
-    MemoryContext cxt = CurrentMemoryContext;
-    ResourceOwner owner = CurrentResourceOwner;
+struct HandlerCall {
+    const Subscription *sub;
+    Datum row;
+    Datum event_id;
+};
+
+// Calls the handler as its subscriber, then marks the record processed.
+void call_handler(void *arg) {
+    auto *c = static_cast<HandlerCall *>(arg);
+    if (!may_execute(c->sub->handler, c->sub->run_as))
+        ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+                        errmsg("role %s may not execute handler %s",
+                               GetUserNameFromId(c->sub->run_as, false),
+                               format_procedure(c->sub->handler))));
     Oid save_userid;
     int save_sec_context;
     GetUserIdAndSecContext(&save_userid, &save_sec_context);
-    volatile bool ok = true;
-    BeginInternalSubTransaction(nullptr);
-    MemoryContextSwitchTo(cxt);
-    PG_TRY();
-    {
-        if (!may_execute(sub.handler, sub.run_as))
-            ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-                            errmsg("role %s may not execute handler %s",
-                                   GetUserNameFromId(sub.run_as, false),
-                                   format_procedure(sub.handler))));
-        SetUserIdAndSecContext(sub.run_as, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-        // Not OidFunctionCall1: a void SQL function returns NULL, which
-        // that refuses.  The result is ignored.
-        FmgrInfo flinfo;
-        fmgr_info(sub.handler, &flinfo);
-        LOCAL_FCINFO(fcinfo, 1);
-        InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, nullptr, nullptr);
-        fcinfo->args[0].value = row;
-        fcinfo->args[0].isnull = false;
-        (void) FunctionCallInvoke(fcinfo);
-        SetUserIdAndSecContext(save_userid, save_sec_context);
-        outbox_inbox_done(event_id);
-        ReleaseCurrentSubTransaction();
-        MemoryContextSwitchTo(cxt);
-        CurrentResourceOwner = owner;
-    }
-    PG_CATCH();
-    {
-        // The subtransaction's abort restores the user id it started with.
-        MemoryContextSwitchTo(cxt);
-        ErrorData *edata = CopyErrorData();
-        FlushErrorState();
-        RollbackAndReleaseCurrentSubTransaction();
-        MemoryContextSwitchTo(cxt);
-        CurrentResourceOwner = owner;
-        *error = pstrdup(edata->message);
-        FreeErrorData(edata);
-        ok = false;
-    }
-    PG_END_TRY();
-    return ok;
+    SetUserIdAndSecContext(c->sub->run_as, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+    // Not OidFunctionCall1: a void SQL function returns NULL, which that
+    // refuses.  The result is ignored.
+    FmgrInfo flinfo;
+    fmgr_info(c->sub->handler, &flinfo);
+    LOCAL_FCINFO(fcinfo, 1);
+    InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, nullptr, nullptr);
+    fcinfo->args[0].value = c->row;
+    fcinfo->args[0].isnull = false;
+    (void) FunctionCallInvoke(fcinfo);
+    SetUserIdAndSecContext(save_userid, save_sec_context);
+    outbox_inbox_done(c->event_id);
+}
+
+// Handles one record in a subtransaction: the handler's writes and the
+// processed flag, or (on error, *error set) nothing at all.
+bool handle_one(const Subscription &sub, Datum row, Datum event_id, char **error) {
+    HandlerCall call{&sub, row, event_id};
+    return outbox_worker_subtransaction(call_handler, &call, error);
 }
 
 // One batch in one transaction.  Returns the records claimed, and in
 // *next_retry when the earliest retry is due (0: none).
 int handle_batch(TimestampTz *next_retry) {
     *next_retry = 0;
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    SPI_connect();
-    PushActiveSnapshot(GetTransactionSnapshot());
-    pgstat_report_activity(STATE_RUNNING, "pg outbox: handling inbox records");
+    outbox_worker_begin("pg outbox: handling inbox records");
     int claimed = 0;
     uint64 handled = 0, failed = 0, parked = 0;
     if (outbox_extension_ready() && outbox_inbox_ready()) {
@@ -193,12 +172,7 @@ int handle_batch(TimestampTz *next_retry) {
         }
         *next_retry = outbox_inbox_next_retry();
     }
-    SPI_finish();
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    MemoryContextSwitchTo(loop_context);
-    pgstat_report_stat(false);
-    pgstat_report_activity(STATE_IDLE, nullptr);
+    outbox_worker_commit(loop_context);
     if (claimed > 0) outbox_stats_add(handled, failed, parked);
     return claimed;
 }
@@ -226,6 +200,7 @@ void outbox_inbox_handler_main(Datum main_arg) {
 
     loop_context = AllocSetContextCreate(TopMemoryContext, "pg outbox inbox handler",
                                          ALLOCSET_DEFAULT_SIZES);
+    wait_set = outbox_worker_wait_set(-1);
     while (!ShutdownRequestPending) {
         if (ConfigReloadPending) {
             ConfigReloadPending = false;
@@ -243,16 +218,7 @@ void outbox_inbox_handler_main(Datum main_arg) {
         }
         PG_CATCH();
         {
-            HOLD_INTERRUPTS();
-            MemoryContextSwitchTo(loop_context);
-            ErrorData *edata = CopyErrorData();
-            outbox_stats_error(edata->message);
-            FreeErrorData(edata);
-            EmitErrorReport();
-            AbortCurrentTransaction();
-            FlushErrorState();
-            pgstat_report_activity(STATE_IDLE, nullptr);
-            RESUME_INTERRUPTS();
+            outbox_worker_recover(loop_context);
             claimed = 0;
             next_retry = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
         }

@@ -20,6 +20,7 @@
 #include "outbox/guc.h"
 #include "outbox/outbox_queries.h"
 #include "outbox/shmem.h"
+#include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
@@ -52,19 +53,10 @@ long pass_interval_ms() {
 // Runs one retention batch of `which` in its own transaction; returns the
 // number of rows deleted, or -1 when the extension is not installed.
 int64 retention_batch(OutboxRetention which, TimestampTz cutoff) {
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    SPI_connect();
-    PushActiveSnapshot(GetTransactionSnapshot());
-    pgstat_report_activity(STATE_RUNNING, "pg outbox: retention");
+    outbox_worker_begin("pg outbox: retention");
     int64 deleted = -1;
     if (outbox_extension_ready()) deleted = outbox_retention_delete(which, cutoff, kRetentionBatch);
-    SPI_finish();
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    MemoryContextSwitchTo(pass_context);
-    pgstat_report_stat(false);
-    pgstat_report_activity(STATE_IDLE, nullptr);
+    outbox_worker_commit(pass_context);
     return deleted;
 }
 
@@ -100,12 +92,9 @@ bool retention_pass() {
     return more;
 }
 
-void wait_ms(long ms) {
-    int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms,
-                       PG_WAIT_EXTENSION);
-    if (rc & WL_LATCH_SET) ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
-}
+WaitEventSet *wait_set = nullptr;
+
+void wait_ms(long ms) { outbox_worker_wait(wait_set, -1, ms); }
 
 }  // namespace
 
@@ -132,6 +121,7 @@ void outbox_maintenance_main(Datum main_arg) {
 
     pass_context = AllocSetContextCreate(TopMemoryContext, "pg outbox maintenance",
                                          ALLOCSET_DEFAULT_SIZES);
+    wait_set = outbox_worker_wait_set(-1);
     while (!ShutdownRequestPending) {
         if (ConfigReloadPending) {
             ConfigReloadPending = false;
@@ -145,16 +135,7 @@ void outbox_maintenance_main(Datum main_arg) {
         }
         PG_CATCH();
         {
-            HOLD_INTERRUPTS();
-            MemoryContextSwitchTo(pass_context);
-            ErrorData *edata = CopyErrorData();
-            outbox_stats_error(edata->message);
-            FreeErrorData(edata);
-            EmitErrorReport();
-            AbortCurrentTransaction();
-            FlushErrorState();
-            pgstat_report_activity(STATE_IDLE, nullptr);
-            RESUME_INTERRUPTS();
+            outbox_worker_recover(pass_context);
         }
         PG_END_TRY();
         MemoryContextReset(pass_context);

@@ -46,6 +46,7 @@
 #include "outbox/outbox_queries.h"
 #include "outbox/relay_worker.h"
 #include "outbox/shmem.h"
+#include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
@@ -144,26 +145,10 @@ char *keep_string(char *old, const char *value) {
     return MemoryContextStrdup(TopMemoryContext, value ? value : "");
 }
 
-void drain_wake_pipe() {
-    char buf[64];
-    while (read(relay->wake_pipe[0], buf, sizeof buf) > 0) {
-    }
-}
-
 // Sleeps until the latch is set, librdkafka has something for us,
 // timeout_ms passes (-1: no timeout), or the postmaster dies (we exit).
 void relay_wait(long timeout_ms) {
-    WaitEvent events[3];
-    int n = WaitEventSetWait(relay->wait_set, timeout_ms, events, lengthof(events),
-                             PG_WAIT_EXTENSION);
-    for (int i = 0; i < n; i++) {
-        if (events[i].events & WL_LATCH_SET) {
-            ResetLatch(MyLatch);
-            relay->woken = true;
-        }
-        if (events[i].events & WL_SOCKET_READABLE) drain_wake_pipe();
-    }
-    CHECK_FOR_INTERRUPTS();
+    if (outbox_worker_wait(relay->wait_set, relay->wake_pipe[0], timeout_ms)) relay->woken = true;
 }
 
 void emit_kafka_log() {
@@ -275,23 +260,6 @@ void report_stats() {
     }
 }
 
-void begin_transaction(const char *activity) {
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    SPI_connect();
-    PushActiveSnapshot(GetTransactionSnapshot());
-    pgstat_report_activity(STATE_RUNNING, activity);
-}
-
-void commit_transaction() {
-    SPI_finish();
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    MemoryContextSwitchTo(relay->loop_context);
-    pgstat_report_stat(false);
-    pgstat_report_activity(STATE_IDLE, nullptr);
-}
-
 // Waits for the batch's delivery reports until `deadline`.  A shutdown
 // request does not cut this short: the batch in flight is finished.
 // Acknowledgements are marked as they arrive, in chunks, so that marking
@@ -333,7 +301,7 @@ int run_batch() {
     relay->woken = false;  // commits after this point are not in our snapshot
     Producer *p = relay->producer.get();
     p->poll();  // late reports of earlier batches go into this transaction
-    begin_transaction("pg outbox: publishing a batch");
+    outbox_worker_begin("pg outbox: publishing a batch");
     if (!outbox_extension_ready()) {
         claimed = -1;
         p->clear_resolved();
@@ -363,7 +331,7 @@ int run_batch() {
             relay->next_claim_at =
                 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBackoffMinMs);
     }
-    commit_transaction();
+    outbox_worker_commit(relay->loop_context);
     emit_kafka_log();
     report_stats();
     return claimed;
@@ -379,12 +347,12 @@ void drain_step(long wait_ms) {
         p->poll();
     }
     if (p->acked_count() > 0 || p->failed_count() > 0) {
-        begin_transaction("pg outbox: recording late deliveries");
+        outbox_worker_begin("pg outbox: recording late deliveries");
         if (outbox_extension_ready())
             record_outcomes(nullptr);  // no rows locked here: all by id
         else
             p->clear_resolved();
-        commit_transaction();
+        outbox_worker_commit(relay->loop_context);
     }
     emit_kafka_log();
     report_stats();
@@ -525,18 +493,7 @@ void relay_iteration_guarded() {
     }
     PG_CATCH();
     {
-        // The same recovery a backend does for a failed command.
-        HOLD_INTERRUPTS();
-        MemoryContextSwitchTo(relay->loop_context);
-        ErrorData *edata = CopyErrorData();
-        outbox_stats_error(edata->message);
-        FreeErrorData(edata);
-        EmitErrorReport();
-        AbortCurrentTransaction();
-        FlushErrorState();
-        MemoryContextSwitchTo(relay->loop_context);
-        pgstat_report_activity(STATE_IDLE, nullptr);
-        RESUME_INTERRUPTS();
+        outbox_worker_recover(relay->loop_context);
         backoff_after_failure();
         relay->quiet_until = relay->next_claim_at;
     }
@@ -591,16 +548,8 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     relay->built_config = keep_string(nullptr, "");
     outbox_slot_attach(slot, OUTBOX_ROLE_RELAY, share, MyDatabaseId);
 
-    if (pipe2(relay->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
-        ereport(FATAL, (errmsg("pg outbox relay: could not create a pipe: %m")));
-#if PG_VERSION_NUM >= 170000
-    relay->wait_set = CreateWaitEventSet(nullptr, 3);
-#else
-    relay->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
-#endif
-    AddWaitEventToSet(relay->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
-    AddWaitEventToSet(relay->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
-    AddWaitEventToSet(relay->wait_set, WL_SOCKET_READABLE, relay->wake_pipe[0], nullptr, nullptr);
+    outbox_worker_pipe(relay->wake_pipe, relay->label);
+    relay->wait_set = outbox_worker_wait_set(relay->wake_pipe[0]);
     before_shmem_exit(relay_on_exit, 0);
 
     ereport(LOG, (errmsg("%s started (share %d of %d)", relay->label, share + 1, outbox_workers)));

@@ -112,6 +112,19 @@ bool parse_properties(std::string_view text, std::vector<Property> &out,
     }
 }
 
+bool set_property(rd_kafka_conf_t *conf, const char *name, const std::string &value,
+                  std::string &error) noexcept {
+    char errstr[512];
+    if (rd_kafka_conf_set(conf, name, value.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+        try {
+            error = errstr;
+        } catch (...) {
+        }
+        return false;
+    }
+    return true;
+}
+
 bool is_producer_only_property(const std::string &name) noexcept {
     static const char *const names[] = {
         "enable.idempotence", "acks", "request.required.acks", "partitioner", "linger.ms",

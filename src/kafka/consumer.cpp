@@ -13,12 +13,7 @@ namespace outbox::kafka {
 namespace {
 
 bool set(rd_kafka_conf_t *conf, const char *name, const std::string &value, std::string &error) {
-    char errstr[512];
-    if (rd_kafka_conf_set(conf, name, value.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
-        error = errstr;
-        return false;
-    }
-    return true;
+    return set_property(conf, name, value, error);
 }
 
 // Length of the valid UTF-8 sequence at s[i], or 0 when it is not one.

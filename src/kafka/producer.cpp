@@ -20,12 +20,7 @@ void *slot_opaque(uint32_t generation, std::size_t index) {
 }
 
 bool set(rd_kafka_conf_t *conf, const char *name, const std::string &value, std::string &error) {
-    char errstr[512];
-    if (rd_kafka_conf_set(conf, name, value.c_str(), errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
-        error = errstr;
-        return false;
-    }
-    return true;
+    return set_property(conf, name, value, error);
 }
 
 }  // namespace

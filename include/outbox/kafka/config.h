@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+struct rd_kafka_conf_s;
+
 namespace outbox::kafka {
 
 struct Property {
@@ -26,6 +28,10 @@ bool parse_properties(std::string_view text, std::vector<Property> &out,
 // acks, transactional.id, log.queue), and every value against librdkafka's
 // own validation.  Writes the first problem into errbuf and returns false.
 bool check_properties(std::string_view text, char *errbuf, std::size_t errlen) noexcept;
+
+// Sets one librdkafka property; false with librdkafka's message in `error`.
+bool set_property(::rd_kafka_conf_s *conf, const char *name, const std::string &value,
+                  std::string &error) noexcept;
 
 // outbox.kafka_config serves the relay's producer and the inbox's consumer;
 // each skips the properties that only concern the other (librdkafka would
