@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <new>
 #include <string>
 
 #include "outbox/kafka/consumer.h"
@@ -326,7 +327,9 @@ void outbox_inbox_consumer_main(Datum main_arg) {
     SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
     pgstat_report_appname("pg outbox inbox consumer");
 
-    st = new ConsumerState();
+    // nothrow: no C++ exception may unwind into Postgres code.
+    st = new (std::nothrow) ConsumerState();
+    if (!st) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
     st->dbname = dbname;
     snprintf(st->label, sizeof st->label, "pg outbox inbox consumer [%s]", dbname);
     st->built_brokers = keep_string(nullptr, "");

@@ -36,6 +36,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "outbox/kafka/producer.h"
@@ -540,7 +541,9 @@ extern "C" void outbox_relay_main(Datum main_arg) {
     apply_session_settings();
     pgstat_report_appname("pg outbox relay");
 
-    relay = new RelayState();
+    // nothrow: no C++ exception may unwind into Postgres code.
+    relay = new (std::nothrow) RelayState();
+    if (!relay) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
     relay->index = share;
     relay->dbname = dbname;
     snprintf(relay->label, sizeof relay->label, "pg outbox relay %d [%s]", share + 1, dbname);
