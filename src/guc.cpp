@@ -1,10 +1,12 @@
 #include <climits>
+#include <string>
+#include <vector>
+
+#include "outbox/common/list.h"
+#include "outbox/json/headers.h"
+#include "outbox/kafka/config.h"
 
 #include "outbox/guc.h"
-
-#include "outbox/kafka/config.h"
-#include "outbox/topic.h"
-#include "outbox/workers.h"
 
 extern "C" {
 #include "utils/guc.h"
@@ -14,6 +16,7 @@ extern "C" {
 char *outbox_database = nullptr;
 char *outbox_brokers = nullptr;
 char *outbox_kafka_config = nullptr;
+char *outbox_kafka_config_file = nullptr;
 int outbox_batch_size = 1000;
 int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
@@ -21,54 +24,79 @@ int outbox_workers = 1;
 int outbox_max_attempts = 10;
 bool outbox_synchronous_commit = true;
 int outbox_retention_s = 7 * 24 * 3600;
+int outbox_max_message_bytes = 1024 * 1024;
+char *outbox_default_headers = nullptr;
 bool outbox_inbox = false;
 char *outbox_inbox_topics = nullptr;
 char *outbox_inbox_group = nullptr;
+int outbox_inbox_workers = 1;
 }
+
+bool outbox_preloaded = false;
 
 namespace {
 
-// Refuses a kafka_config that does not parse, that librdkafka rejects, or
-// that would weaken the delivery guarantees; the error names the property.
-bool check_kafka_config(char **newval, void **, GucSource) {
-    char err[512];
-    if (outbox::kafka::check_properties(*newval ? *newval : "", err, sizeof err)) return true;
-    GUC_check_errdetail("%s", err);
-    return false;
+// The check hooks call pure C++ that reports by value; its text is copied
+// into a static buffer before anything Postgres runs (GUC_check_errdetail
+// formats it).
+char why[1024];
+
+bool take(bool ok, const std::string &text) noexcept {
+    if (!ok) strlcpy(why, text.c_str(), sizeof why);
+    return ok;
 }
 
-// outbox.database: 1..16 distinct names, comma-separated.
-bool check_database(char **newval, void **, GucSource) {
-    char names[kOutboxMaxDatabases][NAMEDATALEN];
-    int n;
-    const char *why = nullptr;
-    if (outbox_parse_database_list(*newval ? *newval : "", names, &n, &why)) return true;
+bool list_ok(const char *value, bool topics) noexcept {
+    try {
+        std::vector<std::string> items;
+        std::string error;
+        bool ok = topics ? outbox::parse_topic_list(value, items, error)
+                         : outbox::parse_name_list(value, 16, NAMEDATALEN - 1, items, error);
+        return take(ok, error);
+    } catch (...) {
+        return take(false, "out of memory");
+    }
+}
+
+bool headers_ok(const char *value) noexcept {
+    try {
+        std::vector<outbox::json::Header> headers;
+        std::string error;
+        return take(outbox::json::decode_headers(value, headers, error), error);
+    } catch (...) {
+        return take(false, "out of memory");
+    }
+}
+
+// outbox.kafka_config: refused when it does not parse, when librdkafka
+// refuses a property, when it would weaken the delivery guarantees, or when
+// it holds a secret.  The message names the property and never repeats the
+// value (Postgres' own "invalid value for parameter" would print all of it).
+bool check_kafka_config(char **newval, void **, GucSource) {
+    if (outbox::kafka::check_properties(*newval ? *newval : "", why, sizeof why)) return true;
+    GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
     GUC_check_errdetail("%s.", why);
     return false;
 }
 
-// outbox.inbox_topics: topic names Kafka accepts, comma-separated.
+bool check_database(char **newval, void **, GucSource) {
+    if (list_ok(*newval ? *newval : "", false)) return true;
+    GUC_check_errdetail("outbox.database: %s.", why);
+    return false;
+}
+
 bool check_inbox_topics(char **newval, void **, GucSource) {
-    const char *p = *newval ? *newval : "";
-    static char why[300];
-    for (;;) {
-        while (*p == ' ' || *p == '\t') p++;
-        const char *start = p;
-        while (*p && *p != ',') p++;
-        const char *end = p;
-        while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
-        if (end > start || *p == ',') {
-            std::string_view topic(start, static_cast<std::size_t>(end - start));
-            if (const char *reason = outbox::topic_name_error(topic)) {
-                snprintf(why, sizeof why, "\"%.*s\": %s.", static_cast<int>(topic.size()),
-                         topic.data(), reason);
-                GUC_check_errdetail("%s", why);
-                return false;
-            }
-        }
-        if (*p == '\0') return true;
-        p++;
-    }
+    if (list_ok(*newval ? *newval : "", true)) return true;
+    GUC_check_errdetail("%s.", why);
+    return false;
+}
+
+// outbox.default_headers: empty, or a JSON object of strings.
+bool check_default_headers(char **newval, void **, GucSource) {
+    const char *v = *newval ? *newval : "";
+    if (v[0] == '\0' || headers_ok(v)) return true;
+    GUC_check_errdetail("outbox.default_headers must be a JSON object of strings: %s.", why);
+    return false;
 }
 
 }  // namespace
@@ -76,29 +104,39 @@ bool check_inbox_topics(char **newval, void **, GucSource) {
 void outbox_define_gucs(void) {
     DefineCustomStringVariable(
         "outbox.database", "Databases the workers serve, comma-separated.",
-        "Where CREATE EXTENSION outbox was run; each gets its own relay and maintenance "
-        "workers. Changing it needs a restart.",
+        "Where CREATE EXTENSION outbox was run; each gets its own workers. Changing it needs a "
+        "restart.",
         &outbox_database, "postgres", PGC_POSTMASTER, 0, check_database, nullptr, nullptr);
 
     DefineCustomStringVariable(
         "outbox.brokers", "Kafka bootstrap servers (host:port, comma-separated).",
-        "Empty: the relay publishes nothing and says so in the log.", &outbox_brokers, "",
+        "Empty: nothing is published or consumed, and the log says so.", &outbox_brokers, "",
         PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
     DefineCustomStringVariable(
         "outbox.kafka_config", "Extra librdkafka properties, as name=value;name=value.",
-        "Applied after the relay's own defaults. May hold secrets: superuser-only.",
+        "Applied after the workers' own defaults. No secrets: members of pg_read_all_settings "
+        "can read it; passwords and keys go in outbox.kafka_config_file.",
         &outbox_kafka_config, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, check_kafka_config, nullptr,
         nullptr);
 
-    DefineCustomIntVariable("outbox.batch_size", "Most messages a relay worker claims at once.",
-                            nullptr, &outbox_batch_size, 1000, 1, 100000, PGC_SIGHUP, 0,
-                            nullptr, nullptr, nullptr);
+    DefineCustomStringVariable(
+        "outbox.kafka_config_file",
+        "File of secret librdkafka properties (passwords, keys), one name=value per line.",
+        "Read by the workers only; it must belong to the server's user and be readable by it "
+        "alone, like ssl_key_file.",
+        &outbox_kafka_config_file, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr, nullptr,
+        nullptr);
 
     DefineCustomIntVariable(
-        "outbox.poll_interval", "Fallback poll of the outbox table when no commit wakes the relay.",
-        "Commits that write to the outbox wake the relay at once; this only bounds the delay "
-        "for messages inserted in ways that do not (COMMIT PREPARED, direct INSERT).",
+        "outbox.batch_size",
+        "Most messages a relay claims, or records the inbox consumer stores, at once.", nullptr,
+        &outbox_batch_size, 1000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.poll_interval", "Fallback poll when no commit wakes a worker.",
+        "Commits that write to the outbox or the inbox wake the workers at once; this only "
+        "bounds the delay for rows that arrive otherwise (COMMIT PREPARED, a direct INSERT).",
         &outbox_poll_interval_ms, 1000, 10, 3600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
         nullptr, nullptr);
 
@@ -116,9 +154,10 @@ void outbox_define_gucs(void) {
                             nullptr);
 
     DefineCustomIntVariable(
-        "outbox.max_attempts", "Refusals by Kafka before a message is parked.",
-        "Counts only refusals that do not pass by themselves (record too large, unknown topic, "
-        "not authorised); an outage never parks a message.",
+        "outbox.max_attempts",
+        "Refusals by Kafka (relay) or failed handler calls (inbox) before a message is parked.",
+        "For the relay only refusals that do not pass by themselves count (record too large, "
+        "unknown topic, not authorised); an outage never parks a message.",
         &outbox_max_attempts, 10, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
     DefineCustomBoolVariable(
@@ -137,8 +176,20 @@ void outbox_define_gucs(void) {
         &outbox_retention_s, 7 * 24 * 3600, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr,
         nullptr);
 
+    DefineCustomIntVariable(
+        "outbox.max_message_bytes", "Largest Kafka value outbox.write() and write_bytes() accept.",
+        "A larger message is refused at write time (SQLSTATE 54000). Superusers may change it.",
+        &outbox_max_message_bytes, 1024 * 1024, 1, 1000000000, PGC_SUSET, GUC_UNIT_BYTE, nullptr,
+        nullptr, nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.default_headers",
+        "Kafka headers added to every message this session writes (trace context).",
+        "A JSON object of strings; a message's own headers win. Usually SET LOCAL by middleware.",
+        &outbox_default_headers, "", PGC_USERSET, 0, check_default_headers, nullptr, nullptr);
+
     DefineCustomBoolVariable(
-        "outbox.inbox", "Starts the inbox workers (a Kafka consumer and a handler) per database.",
+        "outbox.inbox", "Starts the inbox workers (a Kafka consumer and handlers) per database.",
         "Needs a restart.", &outbox_inbox, false, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
 
     DefineCustomStringVariable(
@@ -147,9 +198,14 @@ void outbox_define_gucs(void) {
         PGC_SIGHUP, 0, check_inbox_topics, nullptr, nullptr);
 
     DefineCustomStringVariable(
-        "outbox.inbox_group", "Kafka consumer group of the inbox consumer.",
-        "Empty: outbox-<database>.", &outbox_inbox_group, "", PGC_SIGHUP, 0, nullptr, nullptr,
-        nullptr);
+        "outbox.inbox_group", "Prefix of the inbox consumers' Kafka group ids.",
+        "Each database's consumer is group <prefix>-<database>; empty: outbox-<database>.",
+        &outbox_inbox_group, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomIntVariable("outbox.inbox_workers", "Inbox handler workers per database.",
+                            "Each owns a share of the record keys. Needs a restart.",
+                            &outbox_inbox_workers, 1, 1, 32, PGC_POSTMASTER, 0, nullptr, nullptr,
+                            nullptr);
 
     MarkGUCPrefixReserved("outbox");
 }

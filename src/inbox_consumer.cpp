@@ -1,55 +1,53 @@
-// The inbox consumer background worker, one per database (outbox.inbox).
+// The inbox consumer, one per database (outbox.inbox).
 //
 // Reads the topics of outbox.inbox_topics as consumer group
-// outbox.inbox_group (default outbox-<database>) and, batch by batch:
+// <outbox.inbox_group>-<database> (default outbox-<database>: every
+// database has its own group, so each gets every record) and, batch by batch:
 //   1. stores the records in outbox.inbox_message in one transaction (a
 //      known event_id is a no-op; a record without a UUID event_id header
-//      gets one derived from topic/partition/offset);
-//   2. commits that transaction, wakes the inbox handler;
-//   3. only then commits the batch's offsets to Kafka.
+//      gets one derived from where and when it is in Kafka);
+//   2. commits that transaction with synchronous_commit = on, whatever the
+//      server or the database says, so that the rows are on disk;
+//   3. wakes the handlers, and only then commits the batch's offsets.
 // A crash anywhere loses nothing: before 2 the records come again; between
 // 2 and 3 they come again and are dropped as duplicates.
 //
-// A value Postgres' jsonb refuses makes the batch insert fail; the batch is
-// then stored record by record, each in a subtransaction, and a refused
-// value is kept as {"raw_text": ...}: no record is ever dropped.
+// Each record is kept whole: its value's and key's exact bytes (value,
+// key_bytes), and, for handlers, the key as text, the value as JSON and the
+// headers as a JSON object, all in the database's encoding.  A value that is
+// not JSON, or that holds a character the database's encoding lacks, is
+// {"raw_base64": ...}; a key or header with such a character has it written
+// as \xNN escapes of its UTF-8; a value jsonb refuses is {"raw_text": ...}
+// (the batch is then stored record by record).  No record is ever dropped.
 //
 // Boundary: as in the relay, Postgres-side functions hold no C++ object
 // with a destructor; the Consumer lives in process-wide state and is used
 // through its noexcept API.
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
+#include "outbox/common/list.h"
+#include "outbox/json/record.h"
+#include "outbox/kafka/config.h"
 #include "outbox/kafka/consumer.h"
 
-#include "outbox/pg.h"
-
 #include "outbox/guc.h"
-#include "outbox/outbox_queries.h"
+#include "outbox/queries/inbox.h"
 #include "outbox/shmem.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
-#include "access/xact.h"
-#include "executor/spi.h"
-#include "pgstat.h"
-#include "postmaster/bgworker.h"
-#include "postmaster/interrupt.h"
+#include "catalog/namespace.h"
+#include "mb/pg_wchar.h"
 #include "storage/ipc.h"
-#include "storage/latch.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/json.h"
 #include "utils/memutils.h"
-#include "utils/resowner.h"
-#include "utils/snapmgr.h"
-#include "utils/timestamp.h"
-#include "utils/wait_event.h"
 }
 
 namespace {
@@ -58,46 +56,39 @@ using outbox::kafka::Consumer;
 
 struct ConsumerState {
     std::unique_ptr<Consumer> consumer;
-    char label[NAMEDATALEN + 40] = "";
-    const char *dbname = "";
     char *built_brokers = nullptr;
     char *built_config = nullptr;
     char *built_topics = nullptr;
     char *built_group = nullptr;
-    int wake_pipe[2] = {-1, -1};
-    WaitEventSet *wait_set = nullptr;
-    MemoryContext loop_context = nullptr;
-    char last_error[256] = "";
-    char last_commit_error[256] = "";
+    std::vector<outbox::kafka::Property> secrets;
+    std::vector<outbox::kafka::Property> built_secrets;
+    bool secrets_ok = true;
+    char last_error[512] = "";
     bool said_idle = false;
 };
 
-ConsumerState *st = nullptr;
+ConsumerState *state(OutboxWorker *w) { return static_cast<ConsumerState *>(w->state); }
 
 // ---- C++ side: never calls Postgres, never throws ----
 
-bool consumer_connect(const char *brokers, const char *extra, const char *group,
-                      const char *client_id, const char *topics, char *err,
+bool consumer_connect(ConsumerState *st, int wake_fd, const char *brokers, const char *extra,
+                      const char *group, const char *client_id, const char *topics, char *err,
                       std::size_t errlen) noexcept {
     try {
         outbox::kafka::ConsumerSettings s;
-        s.brokers = brokers;
-        s.extra = extra;
+        s.client.brokers = brokers;
+        s.client.extra = extra;
+        s.client.client_id = client_id;
+        s.client.secrets = st->secrets;
         s.group_id = group;
-        s.client_id = client_id;
-        std::string list(topics);
-        std::size_t pos = 0;
-        while (pos <= list.size()) {
-            std::size_t comma = list.find(',', pos);
-            if (comma == std::string::npos) comma = list.size();
-            std::string t = list.substr(pos, comma - pos);
-            std::size_t b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
-            if (b != std::string::npos) s.topics.push_back(t.substr(b, e - b + 1));
-            pos = comma + 1;
-        }
         std::string error;
-        st->consumer = Consumer::create(s, st->wake_pipe[1], error);
+        if (!outbox::parse_topic_list(topics, s.topics, error)) {
+            snprintf(err, errlen, "outbox.inbox_topics: %s", error.c_str());
+            return false;
+        }
+        st->consumer = Consumer::create(s, wake_fd, error);
         if (!st->consumer) snprintf(err, errlen, "%s", error.c_str());
+        if (st->consumer) st->built_secrets = st->secrets;
         return st->consumer != nullptr;
     } catch (const std::exception &e) {
         snprintf(err, errlen, "%s", e.what());
@@ -105,31 +96,30 @@ bool consumer_connect(const char *brokers, const char *extra, const char *group,
     }
 }
 
-void consumer_disconnect() noexcept { st->consumer.reset(); }
-
-// Copies a batch record's strings out, for the Postgres side.
-struct RecordView {
-    const char *event_id;  // nullptr: none
-    const char *topic;
-    const char *key;  // nullptr: no key
-    const char *payload;
-    const char *headers;
-    int32 partition;
-    int64 offset;
-};
-
-void view_record(std::size_t i, RecordView *v) noexcept {
-    const outbox::kafka::InRecord &r = st->consumer->record(i);
-    v->event_id = r.event_id.empty() ? nullptr : r.event_id.c_str();
-    v->topic = r.topic.c_str();
-    v->key = r.has_key ? r.key.c_str() : nullptr;
-    v->payload = r.payload_json.c_str();
-    v->headers = r.headers_json.c_str();
-    v->partition = r.partition;
-    v->offset = r.offset;
+void consumer_disconnect(ConsumerState *st) noexcept {
+    if (st) st->consumer.reset();
 }
 
-bool commit_offsets(char *err, std::size_t errlen) noexcept {
+bool load_secrets(ConsumerState *st, const char *path, char *err, std::size_t errlen) noexcept {
+    try {
+        st->secrets.clear();
+        if (!path || !path[0]) return true;
+        std::string error;
+        if (outbox::kafka::load_properties_file(path, st->secrets, error)) return true;
+        snprintf(err, errlen, "%s", error.c_str());
+        st->secrets.clear();
+        return false;
+    } catch (...) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+}
+
+bool secrets_changed(const ConsumerState *st) noexcept {
+    return !outbox::kafka::same_properties(st->secrets, st->built_secrets);
+}
+
+bool commit_offsets(ConsumerState *st, char *err, std::size_t errlen) noexcept {
     try {
         std::string error;
         if (st->consumer->commit(error)) return true;
@@ -143,48 +133,104 @@ bool commit_offsets(char *err, std::size_t errlen) noexcept {
 
 // ---- Postgres side ----
 
-char *keep_string(char *old, const char *value) {
-    if (old) pfree(old);
-    return MemoryContextStrdup(TopMemoryContext, value ? value : "");
+// `len` bytes of UTF-8 in the server's encoding, or nullptr when they are
+// not valid UTF-8 (or hold a NUL) or hold a character it lacks.
+char *to_server(const char *utf8, std::size_t len) {
+    int ilen = static_cast<int>(len);
+    if (memchr(utf8, '\0', len) || !pg_verify_mbstr(PG_UTF8, utf8, ilen, true)) return nullptr;
+    int enc = GetDatabaseEncoding();
+    if (enc == PG_UTF8 || enc == PG_SQL_ASCII) return pnstrdup(utf8, len);
+    Oid proc = FindDefaultConversionProc(PG_UTF8, enc);
+    if (!OidIsValid(proc)) return nullptr;
+    auto *out = static_cast<unsigned char *>(palloc(len * MAX_CONVERSION_GROWTH + 1));
+    int done = pg_do_encoding_conversion_buf(
+        proc, PG_UTF8, enc, reinterpret_cast<unsigned char *>(const_cast<char *>(utf8)), ilen, out,
+        static_cast<int>(len * MAX_CONVERSION_GROWTH + 1), true);
+    return done == ilen ? reinterpret_cast<char *>(out) : nullptr;
 }
 
-void wait_events(long timeout_ms) { outbox_worker_wait(st->wait_set, st->wake_pipe[0], timeout_ms); }
-
-void emit_log() {
-    Consumer *c = st->consumer.get();
-    if (!c) return;
-    for (std::size_t i = 0; i < c->log_count(); i++) {
-        int level = c->log_level(i) == outbox::kafka::LogLevel::Warning ? WARNING
-                    : c->log_level(i) == outbox::kafka::LogLevel::Info  ? LOG
-                                                                        : DEBUG1;
-        ereport(level, (errmsg("%s: %s", st->label, c->log_text(i))));
+// Always text in the server's encoding: what cannot be kept as a character
+// (bytes that are not UTF-8, a character the encoding lacks) is written as
+// \xNN escapes of its bytes.
+char *to_server_escaped(const char *utf8, std::size_t len) {
+    if (char *whole = to_server(utf8, len)) return whole;
+    StringInfoData out;
+    initStringInfo(&out);
+    static const char hex[] = "0123456789abcdef";
+    const auto *s = reinterpret_cast<const unsigned char *>(utf8);
+    for (std::size_t i = 0; i < len;) {
+        std::size_t n = s[i] < 0x80 ? 1 : static_cast<std::size_t>(pg_utf_mblen(s + i));
+        bool valid = s[i] != 0 && i + n <= len &&
+                     pg_verify_mbstr(PG_UTF8, utf8 + i, static_cast<int>(n), true);
+        if (!valid) n = 1;
+        char *one = valid ? to_server(utf8 + i, n) : nullptr;
+        if (one) {
+            appendStringInfoString(&out, one);
+        } else {
+            for (std::size_t k = 0; k < n; k++) {
+                appendStringInfoString(&out, "\\x");
+                appendStringInfoChar(&out, hex[s[i + k] >> 4]);
+                appendStringInfoChar(&out, hex[s[i + k] & 15]);
+            }
+        }
+        i += n;
     }
-    c->clear_log();
-    outbox_stats_set_broker_state(c->broker_state() == outbox::kafka::BrokerState::Up ? OUTBOX_BROKER_UP
-                                  : c->broker_state() == outbox::kafka::BrokerState::Down
-                                      ? OUTBOX_BROKER_DOWN
-                                      : OUTBOX_BROKER_UNKNOWN);
-    if (c->last_error()[0] && strcmp(c->last_error(), st->last_error) != 0) {
-        outbox_stats_error(c->last_error());
-        strlcpy(st->last_error, c->last_error(), sizeof st->last_error);
-    }
+    return out.data;
 }
 
-// Stores records [from, from + n) of the batch.  Inside a transaction with
-// SPI connected; may ereport(ERROR).  Returns the rows inserted.
-int64 store(int from, int n, bool raw) {
-    OutboxInboxRow *rows = static_cast<OutboxInboxRow *>(palloc(sizeof(OutboxInboxRow) * n));
-    for (int i = 0; i < n; i++) {
-        RecordView v;
-        view_record(static_cast<std::size_t>(from + i), &v);
-        rows[i] = OutboxInboxRow{v.event_id, v.topic, v.key, v.payload, v.headers, v.partition,
-                                 v.offset};
+bytea *to_bytea(const std::string &bytes) {
+    auto *b = static_cast<bytea *>(palloc(VARHDRSZ + bytes.size()));
+    SET_VARSIZE(b, VARHDRSZ + bytes.size());
+    memcpy(VARDATA(b), bytes.data(), bytes.size());
+    return b;
+}
+
+char *raw_base64(const std::string &bytes) {
+    std::size_t n = outbox::json::base64_length(bytes.size());
+    StringInfoData out;
+    initStringInfo(&out);
+    appendStringInfoString(&out, "{\"raw_base64\": \"");
+    enlargeStringInfo(&out, static_cast<int>(n) + 2);
+    outbox::json::base64_encode(bytes.data(), bytes.size(), out.data + out.len);
+    out.len += static_cast<int>(n);
+    out.data[out.len] = '\0';
+    appendStringInfoString(&out, "\"}");
+    return out.data;
+}
+
+// Record i of the batch as a row for outbox.inbox_message.
+void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
+    const outbox::kafka::InRecord &r = st->consumer->record(i);
+    row->event_id = r.event_id.empty() ? nullptr : r.event_id.c_str();
+    row->topic = r.topic.c_str();
+    row->partition = r.partition;
+    row->offset = r.offset;
+    row->timestamp = r.timestamp;
+    row->key = r.has_key ? to_server_escaped(r.key.data(), r.key.size()) : nullptr;
+    row->key_bytes = r.has_key ? to_bytea(r.key) : nullptr;
+    row->value = r.has_value ? to_bytea(r.value) : nullptr;
+    if (!r.has_value) {
+        row->payload = "null";
+    } else {
+        char *json = r.value_is_json ? to_server(r.value.data(), r.value.size()) : nullptr;
+        row->payload = json ? json : raw_base64(r.value);
     }
-    return raw ? outbox_inbox_insert_raw(&rows[0]) : outbox_inbox_insert(rows, n);
+    StringInfoData h;
+    initStringInfo(&h);
+    appendStringInfoChar(&h, '{');
+    for (std::size_t k = 0; k < r.headers.size(); k++) {
+        if (k > 0) appendStringInfoString(&h, ", ");
+        const auto &header = r.headers[k];
+        escape_json(&h, to_server_escaped(header.first.data(), header.first.size()));
+        appendStringInfoString(&h, ": ");
+        escape_json(&h, to_server_escaped(header.second.data(), header.second.size()));
+    }
+    appendStringInfoChar(&h, '}');
+    row->headers = h.data;
 }
 
 struct StoreCall {
-    int from;
+    const OutboxInboxRow *rows;
     int n;
     bool raw;
     int64 inserted;
@@ -192,176 +238,179 @@ struct StoreCall {
 
 void store_call(void *arg) {
     auto *c = static_cast<StoreCall *>(arg);
-    c->inserted += store(c->from, c->n, c->raw);
+    c->inserted += c->raw ? outbox_inbox_insert_raw(c->rows) : outbox_inbox_insert(c->rows, c->n);
 }
 
-// Runs store() in a subtransaction; false (the error logged at DEBUG1) when
+// Stores rows in a subtransaction; false (the error logged at DEBUG1) when
 // it failed, which rolls back only the subtransaction.
-bool store_guarded(int from, int n, bool raw, int64 *inserted) {
-    StoreCall call{from, n, raw, 0};
+bool store_guarded(OutboxWorker *w, const OutboxInboxRow *rows, int n, bool raw,
+                   int64 *inserted) {
+    StoreCall call{rows, n, raw, 0};
     char *error = nullptr;
     if (!outbox_worker_subtransaction(store_call, &call, &error)) {
-        ereport(DEBUG1, (errmsg("%s: storing records failed: %s", st->label, error)));
+        ereport(DEBUG1, (errmsg("%s: storing records failed: %s", w->label, error)));
         return false;
     }
     *inserted += call.inserted;
     return true;
 }
 
-// One batch: store, commit, wake the handler, commit the offsets.
-void handle_batch(int n) {
-    outbox_worker_begin("pg outbox: storing inbox records");
+// One batch: store, commit, wake the handlers, commit the offsets.
+void store_batch(OutboxWorker *w, int n) {
+    ConsumerState *st = state(w);
+    if (!outbox_worker_begin(w, "pg outbox: storing inbox records")) {
+        // Not stored, offsets not committed: let Kafka hand them out again.
+        consumer_disconnect(st);
+        return;
+    }
+    OutboxInboxRow *rows = static_cast<OutboxInboxRow *>(palloc(sizeof(OutboxInboxRow) * n));
+    for (int i = 0; i < n; i++) prepare(st, static_cast<std::size_t>(i), &rows[i]);
     int64 inserted = 0;
-    if (!outbox_extension_ready())
-        ereport(ERROR, (errmsg("%s: the outbox extension is not installed in database \"%s\"",
-                               st->label, st->dbname)));
-    if (!store_guarded(0, n, false, &inserted)) {
+    if (!store_guarded(w, rows, n, false, &inserted)) {
         // Record by record; a value jsonb refuses is kept as text.
         for (int i = 0; i < n; i++)
-            if (!store_guarded(i, 1, false, &inserted)) {
-                ereport(WARNING, (errmsg("%s: record at %s [%d] offset %lld is not valid jsonb; "
+            if (!store_guarded(w, &rows[i], 1, false, &inserted)) {
+                ereport(WARNING, (errmsg("%s: the value at %s [%d] offset %lld is not valid jsonb; "
                                          "stored as {\"raw_text\": ...}",
-                                         st->label, st->consumer->record(i).topic.c_str(),
-                                         st->consumer->record(i).partition,
-                                         static_cast<long long>(st->consumer->record(i).offset))));
-                inserted += store(i, 1, true);
+                                         w->label, rows[i].topic, rows[i].partition,
+                                         static_cast<long long>(rows[i].offset))));
+                StoreCall call{&rows[i], 1, true, 0};
+                store_call(&call);
+                inserted += call.inserted;
             }
     }
-    outbox_worker_commit(st->loop_context);
+    outbox_worker_commit(w);
     outbox_wake(OUTBOX_ROLE_INBOX_HANDLER, MyDatabaseId);
 
     // Only now may Kafka forget them.
     char err[256];
-    if (!commit_offsets(err, sizeof err)) {
-        if (strcmp(err, st->last_commit_error) != 0)
+    if (!commit_offsets(st, err, sizeof err)) {
+        if (strcmp(err, st->last_error) != 0)
             ereport(WARNING, (errmsg("%s: committing offsets failed (the records will come again "
                                      "and be dropped as duplicates): %s",
-                                     st->label, err)));
-        strlcpy(st->last_commit_error, err, sizeof st->last_commit_error);
-        outbox_stats_add(static_cast<uint64>(n), 1, 0);
+                                     w->label, err)));
+        strlcpy(st->last_error, err, sizeof st->last_error);
+        outbox_stats_add(static_cast<uint64>(inserted), 1, 0);
     } else {
-        st->last_commit_error[0] = '\0';
-        outbox_stats_add(static_cast<uint64>(n), 0, 0);
+        outbox_stats_add(static_cast<uint64>(inserted), 0, 0);
     }
-    (void) inserted;
+}
+
+void report(OutboxWorker *w) {
+    Consumer *c = state(w)->consumer.get();
+    if (!c) return;
+    outbox_worker_emit_log_lines(w, c->log());
+    c->clear_log();
+    outbox_stats_set_broker_state(c->broker_state() == outbox::kafka::BrokerState::Up
+                                      ? OUTBOX_BROKER_UP
+                                  : c->broker_state() == outbox::kafka::BrokerState::Down
+                                      ? OUTBOX_BROKER_DOWN
+                                      : OUTBOX_BROKER_UNKNOWN);
+    if (c->last_error()[0]) outbox_stats_error(c->last_error());
 }
 
 // Makes the consumer match the settings; false when it should idle.
-bool ensure_consumer() {
+bool ensure_consumer(OutboxWorker *w) {
+    ConsumerState *st = state(w);
     const char *brokers = outbox_brokers ? outbox_brokers : "";
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     const char *topics = outbox_inbox_topics ? outbox_inbox_topics : "";
-    char group[NAMEDATALEN + 16];
-    if (outbox_inbox_group && outbox_inbox_group[0])
-        strlcpy(group, outbox_inbox_group, sizeof group);
-    else
-        snprintf(group, sizeof group, "outbox-%s", st->dbname);
+    char group[2 * NAMEDATALEN + 16];
+    snprintf(group, sizeof group, "%s-%s",
+             outbox_inbox_group && outbox_inbox_group[0] ? outbox_inbox_group : "outbox",
+             w->dbname);
 
     if (st->consumer) {
         if (strcmp(brokers, st->built_brokers) == 0 && strcmp(config, st->built_config) == 0 &&
             strcmp(topics, st->built_topics) == 0 && strcmp(group, st->built_group) == 0 &&
-            !st->consumer->fatal())
+            !secrets_changed(st) && !st->consumer->fatal())
             return true;
-        ereport(LOG, (errmsg("%s: settings changed, reconnecting", st->label)));
-        consumer_disconnect();
+        ereport(LOG, (errmsg("%s: settings changed, reconnecting", w->label)));
+        consumer_disconnect(st);
     }
-    if (brokers[0] == '\0' || topics[0] == '\0') {
-        if (!st->said_idle)
+    if (brokers[0] == '\0' || topics[0] == '\0' || !st->secrets_ok) {
+        if (!st->said_idle && st->secrets_ok)
             ereport(LOG, (errmsg("%s: idle (outbox.inbox_topics or outbox.brokers is empty)",
-                                 st->label)));
+                                 w->label)));
         st->said_idle = true;
         return false;
     }
     st->said_idle = false;
     char client_id[NAMEDATALEN + 32];
-    snprintf(client_id, sizeof client_id, "pg_outbox-inbox-%s", st->dbname);
+    snprintf(client_id, sizeof client_id, "pg_outbox-inbox-%s", w->dbname);
     char err[512];
-    if (!consumer_connect(brokers, config, group, client_id, topics, err, sizeof err)) {
-        ereport(WARNING, (errmsg("%s: cannot create the Kafka consumer: %s", st->label, err)));
+    if (!consumer_connect(st, w->wake_pipe[1], brokers, config, group, client_id, topics, err,
+                          sizeof err)) {
+        if (strcmp(err, st->last_error) != 0)
+            ereport(WARNING, (errmsg("%s: cannot create the Kafka consumer: %s", w->label, err)));
+        strlcpy(st->last_error, err, sizeof st->last_error);
         outbox_stats_error(err);
         return false;
     }
-    st->built_brokers = keep_string(st->built_brokers, brokers);
-    st->built_config = keep_string(st->built_config, config);
-    st->built_topics = keep_string(st->built_topics, topics);
-    st->built_group = keep_string(st->built_group, group);
-    ereport(LOG, (errmsg("%s: consuming %s from %s as group %s", st->label, topics, brokers, group)));
+    st->last_error[0] = '\0';
+    st->built_brokers = outbox_keep_string(st->built_brokers, brokers);
+    st->built_config = outbox_keep_string(st->built_config, config);
+    st->built_topics = outbox_keep_string(st->built_topics, topics);
+    st->built_group = outbox_keep_string(st->built_group, group);
+    ereport(LOG, (errmsg("%s: consuming %s from %s as group %s", w->label, topics, brokers, group)));
     return true;
 }
 
-void consumer_iteration() {
-    if (ConfigReloadPending) {
-        ConfigReloadPending = false;
-        ProcessConfigFile(PGC_SIGHUP);
+void consumer_reload(OutboxWorker *w) {
+    ConsumerState *st = state(w);
+    char err[512];
+    bool ok = load_secrets(st, outbox_kafka_config_file, err, sizeof err);
+    if (!ok && (st->secrets_ok || strcmp(err, st->last_error) != 0)) {
+        ereport(WARNING, (errmsg("%s: %s; nothing is consumed until it is fixed", w->label, err)));
+        strlcpy(st->last_error, err, sizeof st->last_error);
+        outbox_stats_error(err);
     }
-    if (!ensure_consumer()) {
-        wait_events(outbox_poll_interval_ms);
-        return;
-    }
-    int n = static_cast<int>(st->consumer->poll_batch(static_cast<std::size_t>(outbox_batch_size)));
-    emit_log();
-    if (n == 0) {
-        wait_events(outbox_poll_interval_ms);
-        return;
-    }
-    handle_batch(n);
+    st->secrets_ok = ok;
 }
 
-void on_exit(int, Datum) {
-    if (st) consumer_disconnect();
+void consumer_on_exit(int, Datum arg) {
+    consumer_disconnect(reinterpret_cast<ConsumerState *>(DatumGetPointer(arg)));
 }
+
+void consumer_start(OutboxWorker *w) {
+    // nothrow: no C++ exception may unwind into Postgres code.
+    ConsumerState *st = new (std::nothrow) ConsumerState();
+    if (!st) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
+    w->state = st;
+    st->built_brokers = outbox_keep_string(nullptr, "");
+    st->built_config = outbox_keep_string(nullptr, "");
+    st->built_topics = outbox_keep_string(nullptr, "");
+    st->built_group = outbox_keep_string(nullptr, "");
+    // The offsets are committed after the rows: the rows must be on disk by
+    // then, whatever the server, the database or a role says.
+    SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_SESSION);
+    consumer_reload(w);
+    before_shmem_exit(consumer_on_exit, PointerGetDatum(st));
+}
+
+long consumer_turn(OutboxWorker *w) {
+    ConsumerState *st = state(w);
+    if (!ensure_consumer(w)) return outbox_poll_interval_ms;
+    int n = static_cast<int>(st->consumer->poll_batch(static_cast<std::size_t>(outbox_batch_size)));
+    report(w);
+    if (n == 0) return outbox_poll_interval_ms;  // the pipe wakes us when records arrive
+    store_batch(w, n);
+    report(w);
+    return 0;
+}
+
+void consumer_stop(OutboxWorker *w) {
+    if (ConsumerState *st = state(w)) {
+        if (st->consumer) st->consumer->close();
+        consumer_disconnect(st);
+    }
+}
+
+const OutboxWorkerKind kConsumer = {
+    OUTBOX_ROLE_INBOX_CONSUMER, "inbox consumer", false, true, kOutboxSchema12,
+    consumer_start,             consumer_turn,    consumer_reload, consumer_stop,
+};
 
 }  // namespace
 
-extern "C" PGDLLEXPORT void outbox_inbox_consumer_main(Datum main_arg);
-
-void outbox_inbox_consumer_main(Datum main_arg) {
-    pqsignal(SIGHUP, SignalHandlerForConfigReload);
-    pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-    BackgroundWorkerUnblockSignals();
-
-    int slot = DatumGetInt32(main_arg);
-    int database_index = slot - outbox_inbox_consumer_slot(0);
-    const char *dbname = outbox_database_name(database_index);
-    BackgroundWorkerInitializeConnection(dbname, nullptr, 0);
-    SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
-    pgstat_report_appname("pg outbox inbox consumer");
-
-    // nothrow: no C++ exception may unwind into Postgres code.
-    st = new (std::nothrow) ConsumerState();
-    if (!st) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
-    st->dbname = dbname;
-    snprintf(st->label, sizeof st->label, "pg outbox inbox consumer [%s]", dbname);
-    st->built_brokers = keep_string(nullptr, "");
-    st->built_config = keep_string(nullptr, "");
-    st->built_topics = keep_string(nullptr, "");
-    st->built_group = keep_string(nullptr, "");
-    outbox_slot_attach(slot, OUTBOX_ROLE_INBOX_CONSUMER, 0, MyDatabaseId);
-    outbox_worker_pipe(st->wake_pipe, st->label);
-    st->wait_set = outbox_worker_wait_set(st->wake_pipe[0]);
-    before_shmem_exit(on_exit, 0);
-    ereport(LOG, (errmsg("%s started", st->label)));
-
-    st->loop_context = AllocSetContextCreate(TopMemoryContext, "pg outbox inbox consumer",
-                                             ALLOCSET_DEFAULT_SIZES);
-    while (!ShutdownRequestPending) {
-        MemoryContextSwitchTo(st->loop_context);
-        PG_TRY();
-        {
-            consumer_iteration();
-        }
-        PG_CATCH();
-        {
-            outbox_worker_recover(st->loop_context);
-            // The batch was not stored and its offsets not committed: drop
-            // the consumer so that Kafka hands the records out again.
-            consumer_disconnect();
-            wait_events(1000);
-        }
-        PG_END_TRY();
-        MemoryContextReset(st->loop_context);
-    }
-    consumer_disconnect();
-    ereport(LOG, (errmsg("%s stopped", st->label)));
-    proc_exit(0);
-}
+void outbox_inbox_consumer_main(Datum main_arg) { outbox_worker_main(&kConsumer, main_arg); }

@@ -1,70 +1,88 @@
-// The inbox handler background worker, one per database (outbox.inbox).
+// The inbox handlers: outbox.inbox_workers per database (outbox.inbox), each
+// owning a share of the record keys, so a key's records are handled by one
+// worker, in order.
 //
-// Takes unprocessed inbox records of subscribed topics in arrival order
-// (received_at, then seq) with FOR UPDATE SKIP LOCKED and, for each, calls
-// the topic's handler(msg outbox.inbox_message) as the role that subscribed
-// it, then marks the record processed - both inside one subtransaction of
-// the batch's transaction, so the handler's writes and the processed flag
-// commit together or not at all.
+// Each turn goes round the subscribed topics, one transaction per topic,
+// starting one further each turn: a topic gets a slice of kTopicSliceMs,
+// then the next topic has its turn, so a slow handler never holds the other
+// topics up for longer than that.  Within a topic, records go in arrival
+// order (received_at, then seq), claimed FOR UPDATE SKIP LOCKED:
+//   - a handler of one record, handler(msg outbox.inbox_message), is called
+//     for each, and the record is marked processed in the same
+//     subtransaction: its writes and the flag commit together or not at all;
+//   - a set-based handler, handler(msgs outbox.inbox_message[]), gets the
+//     whole batch in one call (its size follows how long the handler takes
+//     per record, so the call fits the slice), all marked in the same
+//     subtransaction; when the call raises, the batch is handled again one
+//     record at a time, each in its own subtransaction, so that one bad
+//     record is parked with its own error and the rest are handled.
+//
+// Handlers run as the role that owns the function, never more, under
+// SECURITY_RESTRICTED_OPERATION (no SET ROLE, no temporary objects) and a
+// GUC nest level of their own, with the search_path a session of this
+// database starts with: nothing a handler sets or creates outlives its call.
+// A subscription whose owner may no longer have that role's handler run
+// (see inbox_api.cpp) is skipped, and said so once.
 //
 // A handler that raises rolls back only its record's subtransaction: the
-// record gets one attempt more, the error text, and a retry time (0.5 s
-// doubling to 5 min); after outbox.max_attempts failures it is parked
-// (outbox.inbox_parked, outbox.inbox_retry()).  Later records of the same
-// key wait while an earlier one is being retried, so a key's records are
-// handled in order; once it is parked they go on.  Records without a key
-// have no order to keep.
+// record gets one attempt more, the error text, and a retry time (policy.h);
+// after outbox.max_attempts failures it is parked (outbox.inbox_parked,
+// outbox.inbox_retry()).  Later records of the same key wait while an
+// earlier one is being retried, so a key's records are handled in order;
+// once it is parked they go on.  Records without a key have no order to keep.
 //
+// SIGTERM cancels a handler like a backend's statement (worker_common.h).
 // Postgres-side code only (handlers are Postgres functions).
 
-#include "outbox/pg.h"
-
 #include "outbox/guc.h"
-#include "outbox/outbox_queries.h"
+#include "outbox/queries/inbox.h"
 #include "outbox/shmem.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
-#include "access/xact.h"
-#include "catalog/pg_type.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_proc.h"
 #include "executor/spi.h"
-#include "miscadmin.h"
-#include "pgstat.h"
-#include "postmaster/bgworker.h"
-#include "postmaster/interrupt.h"
-#include "storage/ipc.h"
-#include "storage/latch.h"
 #include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/regproc.h"
-#include "utils/resowner.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
-#include "utils/wait_event.h"
 }
 
 namespace {
 
-constexpr int kMaxHandlerBatch = 100;
+// Most records of one topic in one transaction, and the time a topic gets
+// before the next one's turn.
+constexpr int kMaxHandlerBatch = 1000;
+constexpr long kTopicSliceMs = 200;
+constexpr int kMaxTopics = 256;
 
-MemoryContext loop_context = nullptr;
-char label[NAMEDATALEN + 40] = "";
-bool woken = false;
-
-struct Subscription {
-    char *topic;
+struct TopicPace {
     Oid handler;
-    Oid run_as;
+    double ms_per_record;  // moving average of the handler's time per record
+    bool said_skipped;
 };
 
-WaitEventSet *wait_set = nullptr;
+struct HandlerState {
+    int next_topic;  // where the next turn starts
+    int npace;
+    TopicPace pace[kMaxTopics];
+};
 
-void wait_ms(long ms) {
-    if (outbox_worker_wait(wait_set, -1, ms)) woken = true;
+HandlerState *state(OutboxWorker *w) { return static_cast<HandlerState *>(w->state); }
+
+TopicPace *pace_of(HandlerState *s, Oid handler) {
+    for (int i = 0; i < s->npace; i++)
+        if (s->pace[i].handler == handler) return &s->pace[i];
+    if (s->npace == kMaxTopics) s->npace = 0;  // forget the oldest: only a pace
+    TopicPace *p = &s->pace[s->npace++];
+    *p = TopicPace{handler, 1.0, false};
+    return p;
 }
 
 bool key_in(const char *key, char **keys, int n) {
@@ -82,155 +100,200 @@ bool may_execute(Oid handler, Oid role) {
 }
 
 struct HandlerCall {
-    const Subscription *sub;
-    Datum row;
-    Datum event_id;
+    const OutboxSubscription *sub;
+    Datum arg;               // one row, or an array of rows
+    const Datum *event_ids;  // marked processed when the call returns
+    int n;
 };
 
-// Calls the handler as its subscriber, then marks the record processed.
+// Calls the handler as its owner, in a security-restricted operation with a
+// GUC nest level of its own, then marks its records processed.  Inside the
+// caller's subtransaction: an ERROR there undoes all of it.
 void call_handler(void *arg) {
     auto *c = static_cast<HandlerCall *>(arg);
-    if (!may_execute(c->sub->handler, c->sub->run_as))
+    if (!may_execute(c->sub->handler, c->sub->owner))
         ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
                         errmsg("role %s may not execute handler %s",
-                               GetUserNameFromId(c->sub->run_as, false),
+                               GetUserNameFromId(c->sub->owner, false),
                                format_procedure(c->sub->handler))));
     Oid save_userid;
     int save_sec_context;
     GetUserIdAndSecContext(&save_userid, &save_sec_context);
-    SetUserIdAndSecContext(c->sub->run_as, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+    int nest = NewGUCNestLevel();
+    (void) set_config_option("search_path", outbox_worker_user_search_path(), PGC_USERSET,
+                             PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+    SetUserIdAndSecContext(c->sub->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+                                              SECURITY_RESTRICTED_OPERATION);
     // Not OidFunctionCall1: a void SQL function returns NULL, which that
     // refuses.  The result is ignored.
     FmgrInfo flinfo;
     fmgr_info(c->sub->handler, &flinfo);
     LOCAL_FCINFO(fcinfo, 1);
     InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, nullptr, nullptr);
-    fcinfo->args[0].value = c->row;
+    fcinfo->args[0].value = c->arg;
     fcinfo->args[0].isnull = false;
     (void) FunctionCallInvoke(fcinfo);
+    // Whatever the handler set, SET LOCAL or not, goes with its nest level.
+    AtEOXact_GUC(false, nest);
     SetUserIdAndSecContext(save_userid, save_sec_context);
-    outbox_inbox_done(c->event_id);
+    outbox_inbox_done(c->event_ids, c->n);
 }
 
-// Handles one record in a subtransaction: the handler's writes and the
-// processed flag, or (on error, *error set) nothing at all.
-bool handle_one(const Subscription &sub, Datum row, Datum event_id, char **error) {
-    HandlerCall call{&sub, row, event_id};
-    return outbox_worker_subtransaction(call_handler, &call, error);
+Datum rows_array(const OutboxInboxClaim *rows, int n) {
+    Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) elems[i] = rows[i].row;
+    Oid type = get_rel_type_id(get_relname_relid("inbox_message", get_namespace_oid("outbox", false)));
+    return PointerGetDatum(construct_array(elems, n, type, -1, false, TYPALIGN_DOUBLE));
 }
 
-// One batch in one transaction.  Returns the records claimed, and in
-// *next_retry when the earliest retry is due (0: none).
-int handle_batch(TimestampTz *next_retry) {
-    *next_retry = 0;
-    outbox_worker_begin("pg outbox: handling inbox records");
-    int claimed = 0;
+struct TopicCounts {
     uint64 handled = 0, failed = 0, parked = 0;
-    if (outbox_extension_ready() && outbox_inbox_ready()) {
-        int nsubs = 0;
-        char **topics = nullptr;
-        Oid *handlers = nullptr, *run_as = nullptr;
-        outbox_inbox_subscriptions(&topics, &handlers, &run_as, &nsubs);
-        if (nsubs > 0) {
-            int nblocked = 0;
-            char **blocked = outbox_inbox_retrying_keys(&nblocked);
-            OutboxInboxClaim *rows;
-            claimed = outbox_inbox_claim(Min(outbox_batch_size, kMaxHandlerBatch), topics, nsubs,
-                                         blocked, nblocked, &rows);
-            // Keys that failed in this batch: their later records wait.
-            char **failed_keys = static_cast<char **>(palloc(sizeof(char *) * (claimed + 1)));
-            int nfailed_keys = 0;
-            for (int i = 0; i < claimed; i++) {
-                CHECK_FOR_INTERRUPTS();
-                OutboxInboxClaim &r = rows[i];
-                if (r.key && key_in(r.key, failed_keys, nfailed_keys)) continue;
-                Subscription sub{nullptr, InvalidOid, InvalidOid};
-                for (int s = 0; s < nsubs; s++)
-                    if (strcmp(topics[s], r.topic) == 0) sub = {topics[s], handlers[s], run_as[s]};
-                if (!OidIsValid(sub.handler)) continue;  // unsubscribed meanwhile
-                char *error = nullptr;
-                if (handle_one(sub, r.row, r.event_id, &error)) {
-                    handled++;
-                    continue;
-                }
-                failed++;
-                if (r.key) failed_keys[nfailed_keys++] = r.key;
-                bool now_parked = outbox_inbox_failed(r.event_id, error, outbox_max_attempts);
-                if (now_parked) {
-                    parked++;
-                    ereport(WARNING,
-                            (errmsg("%s: parked inbox message %s (topic \"%s\") after %d failed "
-                                    "handler calls",
-                                    label, DatumGetCString(DirectFunctionCall1(uuid_out, r.event_id)),
-                                    r.topic, outbox_max_attempts),
-                             errdetail("Last error: %s", error),
-                             errhint("See outbox.inbox_parked; outbox.inbox_retry(event_id) puts "
-                                     "it back.")));
-                }
-                outbox_stats_error(error);
-            }
-        }
-        *next_retry = outbox_inbox_next_retry();
+};
+
+void record_failure(OutboxWorker *w, const OutboxInboxClaim &r, const char *topic,
+                    const char *error, TopicCounts *counts) {
+    counts->failed++;
+    if (outbox_inbox_failed(r.event_id, error, outbox_max_attempts)) {
+        counts->parked++;
+        ereport(WARNING,
+                (errmsg("%s: parked inbox message %s (topic \"%s\") after %d failed handler calls",
+                        w->label, DatumGetCString(DirectFunctionCall1(uuid_out, r.event_id)), topic,
+                        outbox_max_attempts),
+                 errdetail("Last error: %s", error),
+                 errhint("See outbox.inbox_parked; outbox.inbox_retry(event_id) puts it back.")));
     }
-    outbox_worker_commit(loop_context);
-    if (claimed > 0) outbox_stats_add(handled, failed, parked);
+    outbox_stats_error(error);
+}
+
+// Handles records one at a time, each in its own subtransaction; a key
+// whose record failed has its later records wait.  Stops when the slice is
+// spent (the rest stay unprocessed).
+void handle_one_by_one(OutboxWorker *w, const OutboxSubscription &sub, OutboxInboxClaim *rows,
+                       int n, TimestampTz deadline, TopicCounts *counts) {
+    char **failed_keys = static_cast<char **>(palloc(sizeof(char *) * (n + 1)));
+    int nfailed = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_FOR_INTERRUPTS();
+        if (i > 0 && GetCurrentTimestamp() >= deadline) break;
+        OutboxInboxClaim &r = rows[i];
+        if (r.key && key_in(r.key, failed_keys, nfailed)) continue;
+        HandlerCall call{&sub, sub.batch ? rows_array(&r, 1) : r.row, &r.event_id, 1};
+        char *error = nullptr;
+        if (outbox_worker_subtransaction(call_handler, &call, &error)) {
+            counts->handled++;
+            continue;
+        }
+        if (r.key) failed_keys[nfailed++] = r.key;
+        record_failure(w, r, sub.topic, error, counts);
+    }
+}
+
+// One topic's batch in one transaction; returns the records claimed.
+int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
+    HandlerState *s = state(w);
+    TopicPace *pace = pace_of(s, sub.handler);
+    // A set-based handler gets as many records as fit its slice.
+    int limit = Min(outbox_batch_size, kMaxHandlerBatch);
+    if (sub.batch)
+        limit = Max(1, Min(limit, static_cast<int>(kTopicSliceMs / Max(pace->ms_per_record, 0.001))));
+    if (!outbox_worker_begin(w, "pg outbox: handling inbox records")) return 0;
+    TimestampTz start = GetCurrentTimestamp();
+    TimestampTz deadline = TimestampTzPlusMilliseconds(start, kTopicSliceMs);
+    int nblocked = 0;
+    char **blocked = outbox_inbox_retrying_keys(sub.topic, &nblocked);
+    OutboxInboxClaim *rows;
+    int claimed = outbox_inbox_claim(sub.topic, limit, w->shares, w->share, blocked, nblocked, &rows);
+    TopicCounts counts;
+    if (claimed > 0 && sub.batch) {
+        Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * claimed));
+        for (int i = 0; i < claimed; i++) ids[i] = rows[i].event_id;
+        HandlerCall call{&sub, rows_array(rows, claimed), ids, claimed};
+        char *error = nullptr;
+        if (outbox_worker_subtransaction(call_handler, &call, &error)) {
+            counts.handled = static_cast<uint64>(claimed);
+        } else {
+            ereport(DEBUG1, (errmsg("%s: a batch of %d records of \"%s\" failed (%s); handling "
+                                    "them one by one",
+                                    w->label, claimed, sub.topic, error)));
+            handle_one_by_one(w, sub, rows, claimed, TimestampTzPlusMilliseconds(deadline, kTopicSliceMs),
+                              &counts);
+        }
+    } else if (claimed > 0) {
+        handle_one_by_one(w, sub, rows, claimed, deadline, &counts);
+    }
+    outbox_worker_commit(w);
+    uint64 done = counts.handled + counts.failed;
+    if (done > 0) {
+        double ms = static_cast<double>(
+                        TimestampDifferenceMilliseconds(start, GetCurrentTimestamp())) /
+                    static_cast<double>(done);
+        pace->ms_per_record = 0.7 * pace->ms_per_record + 0.3 * ms;
+        outbox_stats_add(counts.handled, counts.failed, counts.parked);
+    }
     return claimed;
 }
 
+// Reads the subscriptions (and when the next retry is due) in a short
+// transaction; copies them into the turn's memory.
+int read_subscriptions(OutboxWorker *w, OutboxSubscription **subs, TimestampTz *next_retry) {
+    if (!outbox_worker_begin(w, "pg outbox: reading inbox subscriptions")) return -1;
+    OutboxSubscription *found;
+    int n = outbox_inbox_subscriptions(&found);
+    *next_retry = outbox_inbox_next_retry();
+    MemoryContext spi = MemoryContextSwitchTo(w->turn_context);
+    *subs = static_cast<OutboxSubscription *>(palloc(sizeof(OutboxSubscription) * (n + 1)));
+    for (int i = 0; i < n; i++) {
+        (*subs)[i] = found[i];
+        (*subs)[i].topic = pstrdup(found[i].topic);
+    }
+    MemoryContextSwitchTo(spi);
+    outbox_worker_commit(w);
+    return n;
+}
+
+void handler_start(OutboxWorker *w) {
+    w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(HandlerState));
+}
+
+long handler_turn(OutboxWorker *w) {
+    HandlerState *s = state(w);
+    OutboxSubscription *subs;
+    TimestampTz next_retry = 0;
+    w->woken = false;
+    int n = read_subscriptions(w, &subs, &next_retry);
+    if (n < 0) return outbox_poll_interval_ms;
+    bool busy = false;
+    for (int k = 0; k < n; k++) {
+        const OutboxSubscription &sub = subs[(s->next_topic + k) % n];
+        TopicPace *pace = pace_of(s, sub.handler);
+        if (!sub.exists || !sub.allowed) {
+            if (!pace->said_skipped)
+                ereport(WARNING,
+                        (errmsg("%s: the records of topic \"%s\" wait: %s", w->label, sub.topic,
+                                !sub.exists ? "its handler function no longer exists"
+                                            : "the role that subscribed it may no longer have "
+                                              "that handler run (its owner's privileges)"),
+                         errhint("Subscribe the topic again with outbox.inbox_subscribe().")));
+            pace->said_skipped = true;
+            continue;
+        }
+        pace->said_skipped = false;
+        if (handle_topic(w, sub) > 0) busy = true;
+        CHECK_FOR_INTERRUPTS();
+    }
+    s->next_topic = n > 0 ? (s->next_topic + 1) % n : 0;
+    if (busy || w->woken) return 0;  // more may be waiting
+    long wait = outbox_poll_interval_ms;
+    if (next_retry > 0)
+        wait = Min(wait, Max(10L, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), next_retry)));
+    return wait;
+}
+
+const OutboxWorkerKind kHandler = {
+    OUTBOX_ROLE_INBOX_HANDLER, "inbox handler", true, false, kOutboxSchema12,
+    handler_start,             handler_turn,    nullptr, nullptr,
+};
+
 }  // namespace
 
-extern "C" PGDLLEXPORT void outbox_inbox_handler_main(Datum main_arg);
-
-void outbox_inbox_handler_main(Datum main_arg) {
-    pqsignal(SIGHUP, SignalHandlerForConfigReload);
-    pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-    BackgroundWorkerUnblockSignals();
-
-    int slot = DatumGetInt32(main_arg);
-    int database_index = slot - outbox_inbox_handler_slot(0);
-    const char *dbname = outbox_database_name(database_index);
-    BackgroundWorkerInitializeConnection(dbname, nullptr, 0);
-    // Handlers run with the database's default search_path, as they would
-    // in a session ("$user", public): they are user code.  The worker's own
-    // statements name everything with its schema.
-    pgstat_report_appname("pg outbox inbox handler");
-    snprintf(label, sizeof label, "pg outbox inbox handler [%s]", dbname);
-    outbox_slot_attach(slot, OUTBOX_ROLE_INBOX_HANDLER, 0, MyDatabaseId);
-    ereport(LOG, (errmsg("%s started", label)));
-
-    loop_context = AllocSetContextCreate(TopMemoryContext, "pg outbox inbox handler",
-                                         ALLOCSET_DEFAULT_SIZES);
-    wait_set = outbox_worker_wait_set(-1);
-    while (!ShutdownRequestPending) {
-        if (ConfigReloadPending) {
-            ConfigReloadPending = false;
-            ProcessConfigFile(PGC_SIGHUP);
-        }
-        MemoryContextSwitchTo(loop_context);
-        volatile int claimed = 0;
-        volatile TimestampTz next_retry = 0;
-        woken = false;
-        PG_TRY();
-        {
-            TimestampTz due;
-            claimed = handle_batch(&due);
-            next_retry = due;
-        }
-        PG_CATCH();
-        {
-            outbox_worker_recover(loop_context);
-            claimed = 0;
-            next_retry = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), 1000);
-        }
-        PG_END_TRY();
-        MemoryContextReset(loop_context);
-        if (claimed > 0) continue;  // more may be waiting
-        long wait = outbox_poll_interval_ms;
-        TimestampTz now = GetCurrentTimestamp();
-        if (next_retry > 0)
-            wait = Min(wait, Max(10L, TimestampDifferenceMilliseconds(now, next_retry)));
-        wait_ms(wait);
-    }
-    ereport(LOG, (errmsg("%s stopped", label)));
-    proc_exit(0);
-}
+void outbox_inbox_handler_main(Datum main_arg) { outbox_worker_main(&kHandler, main_arg); }

@@ -1,49 +1,53 @@
-// The maintenance background worker, one per database: the retention pass.
+// The maintenance worker, one per database: retention, and the straggler
+// scan for the relays' low-water mark.
 //
-// Every minute (or every outbox.retention / 2 when that is shorter, at least
-// every second) it deletes, in transactions of kRetentionBatch rows:
+// Retention, every minute (or every outbox.retention / 2 when that is
+// shorter, at least every second), in transactions of kRetentionBatch rows:
 //   - published outbox rows older than outbox.retention,
 //   - processed_event rows whose expires_at has passed,
 //   - processed inbox rows older than outbox.retention.
-// Pending and parked outbox rows are never touched (the seed forbids
-// deleting unpublished rows).  Each batch locks only the rows it deletes
-// (SKIP LOCKED: a row a relay or replay holds is left for the next pass) and
-// rechecks the condition on the locked row.  outbox.retention = 0 keeps
-// everything.  A pass stops after kPassBudgetMs and resumes at once; so a
-// long backlog of old rows is worked off without ever holding long locks.
+// Pending and parked outbox rows are never touched.  Each batch locks only
+// the rows it deletes (SKIP LOCKED: a row a relay or replay holds is left
+// for the next pass), rechecks the condition on the locked row, and starts
+// where the previous batch stopped.  outbox.retention = 0 keeps everything.
+// A pass stops after kPassBudgetMs and resumes at once, so a long backlog of
+// old rows is worked off without ever holding long locks.
 //
-// Postgres-side code only; errors are caught per pass, logged, and the
-// worker goes on after the interval.
-
-#include "outbox/pg.h"
+// The straggler scan: rows the relays' mark passed without seeing them
+// (COPY, a direct INSERT, COMMIT PREPARED) are looked for below the mark;
+// when one is there, the relays go back to it.  The scan walks the index
+// entries below the mark, which a long snapshot keeps (that is what the mark
+// spares the relays), so it runs at most every outbox.poll_interval and
+// takes at most a fiftieth of the time.
+//
+// Postgres-side code only; an ERROR ends the process and the postmaster
+// starts it again (worker_common.h).
 
 #include "outbox/guc.h"
-#include "outbox/outbox_queries.h"
+#include "outbox/queries/retention.h"
 #include "outbox/shmem.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
-#include "access/xact.h"
-#include "executor/spi.h"
-#include "pgstat.h"
-#include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/ipc.h"
-#include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
-#include "utils/wait_event.h"
 }
 
 namespace {
 
 constexpr int kRetentionBatch = 1000;
 constexpr long kPassBudgetMs = 5000;
+constexpr long kStragglerCostShare = 50;
 
-MemoryContext pass_context = nullptr;
+struct MaintenanceState {
+    TimestampTz next_pass_at;
+    TimestampTz next_straggler_scan_at;
+};
+
+MaintenanceState *state(OutboxWorker *w) { return static_cast<MaintenanceState *>(w->state); }
 
 long pass_interval_ms() {
     long half = static_cast<long>(outbox_retention_s) * 1000 / 2;
@@ -51,18 +55,17 @@ long pass_interval_ms() {
 }
 
 // Runs one retention batch of `which` in its own transaction; returns the
-// number of rows deleted, or -1 when the extension is not installed.
-int64 retention_batch(OutboxRetention which, TimestampTz cutoff) {
-    outbox_worker_begin("pg outbox: retention");
-    int64 deleted = -1;
-    if (outbox_extension_ready()) deleted = outbox_retention_delete(which, cutoff, kRetentionBatch);
-    outbox_worker_commit(pass_context);
+// number of rows deleted, or -1 when the extension is not ready here.
+int64 retention_batch(OutboxWorker *w, OutboxRetention which, TimestampTz cutoff, int64 *from) {
+    if (!outbox_worker_begin(w, "pg outbox: retention")) return -1;
+    int64 deleted = outbox_retention_delete(which, cutoff, kRetentionBatch, from);
+    outbox_worker_commit(w);
     return deleted;
 }
 
 // One pass: each kind in turn until it has nothing old left or the budget
 // is spent.  Returns true when it stopped early (more to delete).
-bool retention_pass() {
+bool retention_pass(OutboxWorker *w) {
     if (outbox_retention_s <= 0) return false;
     TimestampTz now = GetCurrentTimestamp();
     TimestampTz old = now - static_cast<TimestampTz>(outbox_retention_s) * USECS_PER_SEC;
@@ -70,15 +73,17 @@ bool retention_pass() {
     const struct {
         OutboxRetention which;
         TimestampTz cutoff;
-    } kinds[] = {{OUTBOX_RETENTION_PUBLISHED, old},
-                 {OUTBOX_RETENTION_PROCESSED_EVENTS, now},
-                 {OUTBOX_RETENTION_INBOX, old}};
+        int64 from;
+    } kinds[] = {{OUTBOX_RETENTION_PUBLISHED, old, 0},
+                 {OUTBOX_RETENTION_PROCESSED_EVENTS, now, DT_NOBEGIN},
+                 {OUTBOX_RETENTION_INBOX, old, DT_NOBEGIN}};
     uint64 deleted = 0;
     bool more = false;
     for (const auto &k : kinds) {
+        int64 from = k.from;
         for (;;) {
             CHECK_FOR_INTERRUPTS();
-            int64 n = retention_batch(k.which, k.cutoff);
+            int64 n = retention_batch(w, k.which, k.cutoff, &from);
             if (n < 0) return false;  // no extension here (yet)
             deleted += static_cast<uint64>(n);
             if (n < kRetentionBatch) break;
@@ -92,55 +97,56 @@ bool retention_pass() {
     return more;
 }
 
-WaitEventSet *wait_set = nullptr;
+void straggler_scan(OutboxWorker *w) {
+    int64 mark = outbox_relays_lowest_low_water(MyDatabaseId);
+    if (mark <= 0 || mark == PG_INT64_MAX) return;  // no relay, or it scans from the start
+    TimestampTz start = GetCurrentTimestamp();
+    if (!outbox_worker_begin(w, "pg outbox: looking for stragglers")) return;
+    int64 straggler = outbox_straggler_below(mark);
+    outbox_worker_commit(w);
+    if (straggler >= 0) {
+        ereport(DEBUG1, (errmsg("%s: message %lld is pending below the relays' mark %lld",
+                                w->label, static_cast<long long>(straggler),
+                                static_cast<long long>(mark))));
+        outbox_relay_rescan_from(MyDatabaseId, straggler);
+    }
+    long took = TimestampDifferenceMilliseconds(start, GetCurrentTimestamp());
+    state(w)->next_straggler_scan_at = TimestampTzPlusMilliseconds(
+        GetCurrentTimestamp(), Max(static_cast<long>(outbox_poll_interval_ms),
+                                   took * kStragglerCostShare));
+}
 
-void wait_ms(long ms) { outbox_worker_wait(wait_set, -1, ms); }
+void maintenance_start(OutboxWorker *w) {
+    w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(MaintenanceState));
+    // Old rows are found in index order (see the relay for why).
+    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_SESSION);
+    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_SESSION);
+    // A lost delete is redone by the next pass.
+    SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION);
+}
+
+long maintenance_turn(OutboxWorker *w) {
+    MaintenanceState *s = state(w);
+    TimestampTz now = GetCurrentTimestamp();
+    if (now >= s->next_straggler_scan_at) straggler_scan(w);
+    if (now >= s->next_pass_at) {
+        bool more = retention_pass(w);
+        s->next_pass_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+                                                      more ? 10 : pass_interval_ms());
+    }
+    now = GetCurrentTimestamp();
+    TimestampTz next = Min(s->next_pass_at, s->next_straggler_scan_at);
+    return Max(1L, TimestampDifferenceMilliseconds(now, next));
+}
+
+// A changed outbox.retention applies at once.
+void maintenance_reload(OutboxWorker *w) { state(w)->next_pass_at = 0; }
+
+const OutboxWorkerKind kMaintenance = {
+    OUTBOX_ROLE_MAINTENANCE, "maintenance",    false,  false, kOutboxSchema10, maintenance_start,
+    maintenance_turn,        maintenance_reload, nullptr,
+};
 
 }  // namespace
 
-extern "C" PGDLLEXPORT void outbox_maintenance_main(Datum main_arg);
-
-void outbox_maintenance_main(Datum main_arg) {
-    pqsignal(SIGHUP, SignalHandlerForConfigReload);
-    pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-    BackgroundWorkerUnblockSignals();
-
-    int slot = DatumGetInt32(main_arg);
-    int database_index = slot - outbox_maintenance_slot(0);
-    const char *dbname = outbox_database_name(database_index);
-    BackgroundWorkerInitializeConnection(dbname, nullptr, 0);
-    SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
-    // Old rows are found in index order (see the relay for why).
-    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    // A lost delete is redone by the next pass.
-    SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    pgstat_report_appname("pg outbox maintenance");
-    outbox_slot_attach(slot, OUTBOX_ROLE_MAINTENANCE, 0, MyDatabaseId);
-    ereport(LOG, (errmsg("pg outbox maintenance [%s] started", dbname)));
-
-    pass_context = AllocSetContextCreate(TopMemoryContext, "pg outbox maintenance",
-                                         ALLOCSET_DEFAULT_SIZES);
-    wait_set = outbox_worker_wait_set(-1);
-    while (!ShutdownRequestPending) {
-        if (ConfigReloadPending) {
-            ConfigReloadPending = false;
-            ProcessConfigFile(PGC_SIGHUP);
-        }
-        MemoryContextSwitchTo(pass_context);
-        volatile bool more = false;  // set inside PG_TRY, read after it
-        PG_TRY();
-        {
-            more = retention_pass();
-        }
-        PG_CATCH();
-        {
-            outbox_worker_recover(pass_context);
-        }
-        PG_END_TRY();
-        MemoryContextReset(pass_context);
-        wait_ms(more ? 10 : pass_interval_ms());
-    }
-    ereport(LOG, (errmsg("pg outbox maintenance [%s] stopped", dbname)));
-    proc_exit(0);
-}
+void outbox_maintenance_main(Datum main_arg) { outbox_worker_main(&kMaintenance, main_arg); }

@@ -1,5 +1,5 @@
 // Library entry point: settings, the commit wake-up, and (when preloaded)
-// shared memory and the relay workers.
+// shared memory and the background workers.
 #include "outbox/pg.h"
 
 #include "outbox/guc.h"
@@ -18,6 +18,7 @@ void _PG_init(void) {
     // Without shared_preload_libraries the SQL functions still work and the
     // messages wait in the table for a server that runs the relay.
     if (!process_shared_preload_libraries_in_progress) return;
+    outbox_preloaded = true;
     outbox_shmem_init();
     outbox_register_workers();
 }

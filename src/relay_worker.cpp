@@ -1,95 +1,81 @@
-// The relay background worker.
+// The relay: publishes committed outbox rows to Kafka.
 //
 // One worker per share of the message keys (outbox.workers).  Each turn:
 //
 //   1. claim up to outbox.batch_size pending rows of its share, in id order,
-//      FOR UPDATE SKIP LOCKED, in a transaction, skipping parked rows and
-//      the keys that still have records in flight;
-//   2. hand them to the long-lived idempotent producer;
-//   3. wait for this batch's delivery reports, at most outbox.batch_timeout;
+//      FOR UPDATE SKIP LOCKED, from its low-water mark, skipping parked rows
+//      and the keys that still have records in flight, and render them
+//      within a byte budget;
+//   2. hand them to the long-lived idempotent producer (never waiting for
+//      room in its queue);
+//   3. wait for this batch's delivery reports, at most outbox.batch_timeout,
+//      marking acknowledgements as they arrive;
 //   4. set published_at on exactly the acknowledged rows (of this batch and
 //      late ones of earlier batches), count a refusal on the failed ones
-//      (parking them after outbox.max_attempts), and commit.
+//      (parking them after outbox.max_attempts), move the low-water mark up
+//      to the first row still pending, and commit.
 //
 // Records still unreported after batch_timeout stay inside librdkafka,
-// which keeps retrying them (message.timeout.ms is infinite by default);
-// the transaction commits without them.  Their keys are skipped by later
-// claims until they are reported, so a key's records never overtake each
-// other, while other keys go on.  A slow or unreachable Kafka therefore
-// never holds a transaction (nor the xmin horizon) open for longer than
-// batch_timeout.  When too much is in flight (an outage), the worker stops
-// claiming and only records late reports.
+// which keeps retrying them; the transaction commits without them.  Their
+// keys are skipped by later claims until they are reported, so a key's
+// records never overtake each other, while other keys go on.  A slow or
+// unreachable Kafka therefore never holds a transaction (nor the xmin
+// horizon) open for longer than batch_timeout.  When too much is in flight
+// (an outage), the worker stops claiming and only records late reports.
 //
-// The worker sleeps on one wait set: its latch (set by committing writers
-// and by signals), the pipe librdkafka writes to when a delivery report or
-// log line arrives, and postmaster death.
+// The low-water mark: the claim starts at it, so the index entries of rows
+// published long ago (which vacuum cannot remove while an old snapshot
+// lives) are never walked again.  It never passes a row that is pending, or
+// that an uncommitted writer may still commit (shmem.h says how), and it is
+// lowered again by outbox.retry(), outbox.replay() and the maintenance
+// worker's straggler scan.
 //
 // Boundary: the Postgres-side functions below keep no C++ object with a
 // destructor on the stack; everything C++ lives in the process-wide
 // RelayState and is used through the noexcept Producer API, which reports
-// errors by value.  An ERROR inside a turn is caught with PG_TRY, logged,
-// the transaction aborted, and the loop goes on after a backoff.
+// errors by value.
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
+#include "outbox/kafka/config.h"
 #include "outbox/kafka/producer.h"
 
-#include "outbox/pg.h"
-
 #include "outbox/guc.h"
-#include "outbox/outbox_queries.h"
-#include "outbox/relay_worker.h"
+#include "outbox/policy.h"
+#include "outbox/queries/relay.h"
+#include "outbox/queries/spi.h"
 #include "outbox/shmem.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
-#include "access/xact.h"
-#include "executor/spi.h"
-#include "pgstat.h"
-#include "postmaster/bgworker.h"
-#include "postmaster/interrupt.h"
 #include "storage/ipc.h"
-#include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
-#include "utils/wait_event.h"
 }
 
 namespace {
 
 using outbox::kafka::Producer;
 
-// Everything the worker keeps between iterations.  Allocated once with
+// Everything the worker keeps between turns.  Allocated once with nothrow
 // new; never freed (the process exits), never on a Postgres stack frame.
 struct RelayState {
-    int index = 0;  // this worker's share: 0 .. outbox.workers-1
-    char label[NAMEDATALEN + 32] = "";  // "pg outbox relay 1 [dbname]", for log lines
-    const char *dbname = "";
     std::unique_ptr<Producer> producer;
     char *built_brokers = nullptr;  // settings the producer was built from
     char *built_config = nullptr;
+    std::vector<outbox::kafka::Property> built_secrets;
+    std::vector<outbox::kafka::Property> secrets;  // outbox.kafka_config_file, as last read
+    bool secrets_ok = true;
     TimestampTz reconfigure_deadline = 0;  // settings changed while records were in flight
-    int wake_pipe[2] = {-1, -1};
-    WaitEventSet *wait_set = nullptr;
-    TimestampTz next_claim_at = 0;  // backoff after failures
-    TimestampTz quiet_until = 0;    // after an ERROR: do nothing until then
+    TimestampTz next_claim_at = 0;         // backoff after failures
     int backoff_ms = 0;
-    MemoryContext loop_context = nullptr;  // per-iteration allocations
-    // The latch was set (a commit wrote a message, or a signal came) since
-    // the last claim took its snapshot.  A wait inside a batch consumes the
-    // latch; this remembers it, so such a commit is never left waiting for
-    // the poll tick.
-    bool woken = false;
+    int64 low_water = 0;  // every row below it is published or parked
     bool said_no_brokers = false;
     // Counts of this turn, for the shared stats slot.
     uint64 turn_acked = 0;
@@ -97,33 +83,27 @@ struct RelayState {
     uint64 turn_parked = 0;
     char reported_error[256] = "";
     int reported_state = -1;
-    bool said_no_extension = false;
     char last_connect_error[512] = "";
 };
 
-RelayState *relay = nullptr;
-
-constexpr int kBackoffMinMs = 250;
-// Records in flight beyond this many batches' worth stop new claims.
-constexpr std::size_t kMaxBatchesInFlight = 4;
-// Acknowledgements marked while the rest of the batch is still awaited.
-constexpr std::size_t kMarkChunk = 200;
-constexpr int kBackoffMaxMs = 30000;
+RelayState *state(OutboxWorker *w) { return static_cast<RelayState *>(w->state); }
 
 // ---- C++ side: these never call Postgres and never throw ----
 
-bool kafka_connect(const char *brokers, const char *extra, const char *client_id,
-                   int batch_size, char *err, std::size_t errlen) noexcept {
+bool kafka_connect(RelayState *r, int wake_fd, const char *brokers, const char *extra,
+                   const char *client_id, int batch_size, char *err, std::size_t errlen) noexcept {
     try {
         outbox::kafka::Settings s;
-        s.brokers = brokers;
-        s.extra = extra;
-        s.client_id = client_id;
+        s.client.brokers = brokers;
+        s.client.extra = extra;
+        s.client.client_id = client_id;
+        s.client.secrets = r->secrets;
         s.batch_size = static_cast<std::size_t>(batch_size);
         std::string error;
-        relay->producer = Producer::create(s, relay->wake_pipe[1], error);
-        if (!relay->producer) snprintf(err, errlen, "%s", error.c_str());
-        return relay->producer != nullptr;
+        r->producer = Producer::create(s, wake_fd, error);
+        if (!r->producer) snprintf(err, errlen, "%s", error.c_str());
+        if (r->producer) r->built_secrets = r->secrets;
+        return r->producer != nullptr;
     } catch (const std::exception &e) {
         snprintf(err, errlen, "%s", e.what());
         return false;
@@ -132,58 +112,53 @@ bool kafka_connect(const char *brokers, const char *extra, const char *client_id
 
 // Flushes for up to flush_ms, then drops the producer; what it still held
 // is abandoned (stays pending in the table).
-void kafka_disconnect(int flush_ms) noexcept {
-    if (relay && relay->producer) {
-        relay->producer->shutdown(flush_ms);
-        relay->producer.reset();
+void kafka_disconnect(RelayState *r, int flush_ms) noexcept {
+    if (r && r->producer) {
+        r->producer->shutdown(flush_ms);
+        r->producer.reset();
     }
+}
+
+// Reads outbox.kafka_config_file into r->secrets; false with the reason
+// (never a value) when it cannot be used.
+bool load_secrets(RelayState *r, const char *path, char *err, std::size_t errlen) noexcept {
+    try {
+        r->secrets.clear();
+        if (!path || !path[0]) return true;
+        std::string error;
+        if (outbox::kafka::load_properties_file(path, r->secrets, error)) return true;
+        snprintf(err, errlen, "%s", error.c_str());
+        r->secrets.clear();
+        return false;
+    } catch (...) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+}
+
+bool secrets_changed(const RelayState *r) noexcept {
+    return !outbox::kafka::same_properties(r->secrets, r->built_secrets);
 }
 
 // ---- Postgres side ----
 
-char *keep_string(char *old, const char *value) {
-    if (old) pfree(old);
-    return MemoryContextStrdup(TopMemoryContext, value ? value : "");
+void backoff_after_failure(RelayState *r) {
+    r->backoff_ms = r->backoff_ms == 0 ? outbox::policy::kRelayBackoffMinMs
+                                       : Min(r->backoff_ms * 2, outbox::policy::kRelayBackoffMaxMs);
+    r->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), r->backoff_ms);
 }
 
-// Sleeps until the latch is set, librdkafka has something for us,
-// timeout_ms passes (-1: no timeout), or the postmaster dies (we exit).
-void relay_wait(long timeout_ms) {
-    if (outbox_worker_wait(relay->wait_set, relay->wake_pipe[0], timeout_ms)) relay->woken = true;
+long ms_until(TimestampTz t) {
+    return Max(0L, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), t));
 }
-
-void emit_kafka_log() {
-    Producer *p = relay->producer.get();
-    if (!p) return;
-    for (std::size_t i = 0; i < p->log_count(); i++) {
-        int level = p->log_level(i) == outbox::kafka::LogLevel::Warning ? WARNING
-                    : p->log_level(i) == outbox::kafka::LogLevel::Info  ? LOG
-                                                                        : DEBUG1;
-        ereport(level, (errmsg("%s: %s", relay->label, p->log_text(i))));
-    }
-    p->clear_log();
-}
-
-void backoff_after_failure() {
-    relay->backoff_ms = relay->backoff_ms == 0 ? kBackoffMinMs
-                                               : Min(relay->backoff_ms * 2, kBackoffMaxMs);
-    relay->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), relay->backoff_ms);
-}
-
-// The rows this transaction claimed (and holds locked), in id order.
-struct ClaimedRows {
-    const outbox::kafka::Record *records;
-    const ItemPointerData *ctids;
-    int n;
-};
 
 // Where row `id` of this claim is, or nullptr (the claim is in id order).
-const ItemPointerData *claimed_ctid(const ClaimedRows &claimed, int64 id) {
-    int lo = 0, hi = claimed.n - 1;
+const ItemPointerData *claimed_ctid(const OutboxClaim *claim, int64 id) {
+    int lo = 0, hi = claim->n - 1;
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
-        if (claimed.records[mid].id == id) return &claimed.ctids[mid];
-        if (claimed.records[mid].id < id)
+        if (claim->records[mid].id == id) return &claim->ctids[mid];
+        if (claim->records[mid].id < id)
             lo = mid + 1;
         else
             hi = mid - 1;
@@ -193,101 +168,131 @@ const ItemPointerData *claimed_ctid(const ClaimedRows &claimed, int64 id) {
 
 // Writes what the producer resolved (acks, failures) into the table.
 // Inside a transaction with SPI connected.  Acknowledged rows of this
-// transaction's claim (`claimed`, may be null) are marked by ctid, the
-// others by id.  Returns how many were acknowledged.
-std::size_t record_outcomes(const ClaimedRows *claimed) {
-    Producer *p = relay->producer.get();
+// transaction's claim (`claim`, may be null) are marked by ctid, the others
+// by id.  Returns how many were acknowledged.
+std::size_t record_outcomes(OutboxWorker *w, const OutboxClaim *claim) {
+    RelayState *r = state(w);
+    Producer *p = r->producer.get();
     std::size_t acked = p->acked_count();
     std::size_t failed = p->failed_count();
     if (acked > 0) {
         std::size_t batch_acked = p->batch_acked_count();
         int64 *by_id = static_cast<int64 *>(palloc(sizeof(int64) * acked));
         int n_by_id = 0;
-        for (std::size_t i = 0; i < p->late_acked_count(); i++) by_id[n_by_id++] = p->late_acked_ids()[i];
-        if (claimed && batch_acked > 0) {
-            ItemPointerData *tids =
-                static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * batch_acked));
-            int n_tids = 0;
-            for (std::size_t i = 0; i < batch_acked; i++) {
-                int64 id = p->batch_acked_ids()[i];
-                if (const ItemPointerData *t = claimed_ctid(*claimed, id))
-                    ItemPointerCopy(t, &tids[n_tids++]);
-                else
-                    by_id[n_by_id++] = id;
-            }
-            outbox_mark_claimed_published(tids, n_tids);
-        } else {
-            for (std::size_t i = 0; i < batch_acked; i++) by_id[n_by_id++] = p->batch_acked_ids()[i];
+        for (std::size_t i = 0; i < p->late_acked_count(); i++)
+            by_id[n_by_id++] = p->late_acked_ids()[i];
+        ItemPointerData *tids =
+            static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * (batch_acked + 1)));
+        int n_tids = 0;
+        for (std::size_t i = 0; i < batch_acked; i++) {
+            int64 id = p->batch_acked_ids()[i];
+            if (const ItemPointerData *t = claim ? claimed_ctid(claim, id) : nullptr)
+                ItemPointerCopy(t, &tids[n_tids++]);
+            else
+                by_id[n_by_id++] = id;
         }
-        outbox_mark_published(by_id, n_by_id);
-        relay->backoff_ms = 0;
-        relay->next_claim_at = 0;
+        outbox_relay_mark_claimed(tids, n_tids);
+        outbox_relay_mark_by_id(by_id, n_by_id);
+        r->backoff_ms = 0;
+        r->next_claim_at = 0;
     }
     if (failed > 0) {
         const char **errors = static_cast<const char **>(palloc(sizeof(char *) * failed));
         bool *permanent = static_cast<bool *>(palloc(sizeof(bool) * failed));
+        bool *park_now = static_cast<bool *>(palloc(sizeof(bool) * failed));
         for (std::size_t i = 0; i < failed; i++) {
             errors[i] = p->failed_error(i);
             permanent[i] = p->failed_permanent(i);
+            park_now[i] = p->failed_park_now(i);
         }
-        relay->turn_parked += outbox_record_failures(p->failed_ids(), errors, permanent,
-                                                     static_cast<int>(failed), outbox_max_attempts);
+        r->turn_parked += outbox_relay_record_failures(p->failed_ids(), errors, permanent, park_now,
+                                                       static_cast<int>(failed),
+                                                       outbox_max_attempts, w->label);
     }
-    relay->turn_acked += acked;
-    relay->turn_failed += failed;
+    r->turn_acked += acked;
+    r->turn_failed += failed;
     p->clear_resolved();
     return acked;
 }
 
+// Moves the low-water mark up to the first row still pending, never past
+// an id that an uncommitted writer holds or may still take.  In the turn's
+// transaction, after its marks.  The order matters: the sequence is read
+// before the writers' slots, and both before the statement that finds the
+// first pending row takes its snapshot (shmem.h).
+void advance_low_water(OutboxWorker *w) {
+    RelayState *r = state(w);
+    int64 next_id = outbox_relay_last_id() + 1;
+    bool unsure;
+    int64 writers = outbox_writers_lowest(MyDatabaseId, &unsure);
+    int64 first = outbox_relay_first_pending(r->low_water);
+    int64 mark = first >= 0 ? first : next_id;
+    mark = Min(mark, next_id);
+    mark = Min(mark, writers);
+    if (unsure) mark = Min(mark, r->low_water);  // a writer is between announcing and inserting
+    r->low_water = Max(mark, 0);
+    outbox_relay_set_low_water(r->low_water);
+}
+
 // Publishes this turn's counts and the producer's state to the shared stats
 // slot (outbox.worker_stats, outbox.stats).
-void report_stats() {
-    if (relay->turn_acked || relay->turn_failed || relay->turn_parked)
-        outbox_stats_add(relay->turn_acked, relay->turn_failed, relay->turn_parked);
-    relay->turn_acked = relay->turn_failed = relay->turn_parked = 0;
-    Producer *p = relay->producer.get();
+void report_stats(OutboxWorker *w) {
+    RelayState *r = state(w);
+    if (r->turn_acked || r->turn_failed || r->turn_parked)
+        outbox_stats_add(r->turn_acked, r->turn_failed, r->turn_parked);
+    r->turn_acked = r->turn_failed = r->turn_parked = 0;
+    Producer *p = r->producer.get();
     if (!p) return;
     outbox_stats_set_in_flight(p->in_flight());
-    int state = p->broker_state() == outbox::kafka::BrokerState::Up     ? OUTBOX_BROKER_UP
-                : p->broker_state() == outbox::kafka::BrokerState::Down ? OUTBOX_BROKER_DOWN
-                                                                        : OUTBOX_BROKER_UNKNOWN;
-    if (state != relay->reported_state) {
-        outbox_stats_set_broker_state(static_cast<OutboxBrokerState>(state));
-        relay->reported_state = state;
+    int s = p->broker_state() == outbox::kafka::BrokerState::Up     ? OUTBOX_BROKER_UP
+            : p->broker_state() == outbox::kafka::BrokerState::Down ? OUTBOX_BROKER_DOWN
+                                                                    : OUTBOX_BROKER_UNKNOWN;
+    if (s != r->reported_state) {
+        outbox_stats_set_broker_state(static_cast<OutboxBrokerState>(s));
+        r->reported_state = s;
     }
-    if (p->last_error()[0] && strcmp(p->last_error(), relay->reported_error) != 0) {
+    if (p->last_error()[0] && strcmp(p->last_error(), r->reported_error) != 0) {
         outbox_stats_error(p->last_error());
-        strlcpy(relay->reported_error, p->last_error(), sizeof relay->reported_error);
+        strlcpy(r->reported_error, p->last_error(), sizeof r->reported_error);
     }
 }
 
+void after_turn(OutboxWorker *w) {
+    RelayState *r = state(w);
+    if (Producer *p = r->producer.get()) {
+        outbox_worker_emit_log_lines(w, p->log());
+        p->clear_log();
+    }
+    report_stats(w);
+}
+
 // Waits for the batch's delivery reports until `deadline`.  A shutdown
-// request does not cut this short: the batch in flight is finished.
-// Acknowledgements are marked as they arrive, in chunks, so that marking
-// (the relay's biggest cost) overlaps the wait for the last ones.  Returns
-// how many were acknowledged (and marked) here.
-std::size_t await_deliveries(TimestampTz deadline, const ClaimedRows *claimed) {
-    Producer *p = relay->producer.get();
+// request does not cut this short: the batch in flight is finished (it is
+// bounded by outbox.batch_timeout).  Acknowledgements are marked as they
+// arrive, in chunks, so that marking (the relay's biggest cost) overlaps the
+// wait for the last ones.  Returns how many were acknowledged here.
+std::size_t await_deliveries(OutboxWorker *w, TimestampTz deadline, const OutboxClaim *claim) {
+    Producer *p = state(w)->producer.get();
     std::size_t acked = 0;
     p->poll();
     while (p->batch_in_flight() > 0) {
-        if (p->acked_count() >= kMarkChunk) acked += record_outcomes(claimed);
+        if (p->acked_count() >= outbox::policy::kMarkChunk) acked += record_outcomes(w, claim);
         long left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
         if (left <= 0) break;
         p->poll();
-        if (p->batch_in_flight() == 0 || p->acked_count() >= kMarkChunk) continue;
-        relay_wait(left);
+        if (p->batch_in_flight() == 0 || p->acked_count() >= outbox::policy::kMarkChunk) continue;
+        outbox_worker_wait(w, left);
         p->poll();
     }
     return acked;
 }
 
 // The keys with records in flight, as a text[] for the claim to skip.
-Datum in_flight_keys() {
-    Producer *p = relay->producer.get();
+Datum in_flight_keys(Producer *p) {
     int n = static_cast<int>(p->snapshot_in_flight_keys());
     const char **values = static_cast<const char **>(palloc(sizeof(char *) * (n > 0 ? n : 1)));
-    std::size_t *lengths = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (n > 0 ? n : 1)));
+    std::size_t *lengths =
+        static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (n > 0 ? n : 1)));
     for (int i = 0; i < n; i++) {
         values[i] = p->in_flight_key(static_cast<std::size_t>(i)).data();
         lengths[i] = p->in_flight_key(static_cast<std::size_t>(i)).size();
@@ -296,276 +301,217 @@ Datum in_flight_keys() {
 }
 
 // One batch: claim, produce, wait, mark, commit.  Returns the number of
-// rows claimed (0: nothing pending, -1: the extension is not installed).
-int run_batch() {
-    int claimed = 0;
-    relay->woken = false;  // commits after this point are not in our snapshot
-    Producer *p = relay->producer.get();
-    p->poll();  // late reports of earlier batches go into this transaction
-    outbox_worker_begin("pg outbox: publishing a batch");
-    if (!outbox_extension_ready()) {
-        claimed = -1;
+// rows claimed (0: nothing pending, -1: the extension is not ready here).
+int run_batch(OutboxWorker *w) {
+    RelayState *r = state(w);
+    Producer *p = r->producer.get();
+    w->woken = false;  // commits after this point are in our snapshot
+    p->poll();         // late reports of earlier batches go into this transaction
+    if (!outbox_worker_begin(w, "pg outbox: publishing a batch")) {
         p->clear_resolved();
-    } else {
-        // Late reports first: a row acknowledged but not yet marked would
-        // otherwise look pending to the claim and go out twice.
-        std::size_t acked = record_outcomes(nullptr);
-        outbox::kafka::Record *records;
-        ItemPointerData *ctids;
-        claimed = outbox_claim_batch(outbox_batch_size, outbox_workers, relay->index,
-                                     in_flight_keys(), &records, &ctids);
-        ClaimedRows rows{records, ctids, claimed};
-        if (claimed > 0) {
-            p->produce(records, static_cast<std::size_t>(claimed));
-            acked += await_deliveries(
-                TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms),
-                &rows);
-        }
-        acked += record_outcomes(&rows);
-        // Back off when a batch got nothing through: Kafka is down or
-        // refusing.  The next acknowledgement ends the backoff.  Refused
-        // rows next to acknowledged ones are retried after the shortest
-        // backoff, not at the next poll tick.
-        if (claimed > 0 && acked == 0)
-            backoff_after_failure();
-        else if (relay->turn_failed > 0)
-            relay->next_claim_at =
-                TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kBackoffMinMs);
+        return -1;
     }
-    outbox_worker_commit(relay->loop_context);
-    emit_kafka_log();
-    report_stats();
-    return claimed;
+    int64 rescan = outbox_relay_take_rescan();
+    if (rescan < r->low_water) r->low_water = rescan;
+    // Late reports first: a row acknowledged but not yet marked would
+    // otherwise look pending to the claim and go out twice.
+    std::size_t acked = record_outcomes(w, nullptr);
+    OutboxClaim claim;
+    outbox_relay_claim(w->schema, outbox_batch_size, r->low_water, w->shares, w->share,
+                       in_flight_keys(p), outbox::policy::kBatchByteBudget, &claim);
+    if (claim.n > 0) {
+        p->produce(claim.records, static_cast<std::size_t>(claim.n));
+        acked += await_deliveries(
+            w, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms), &claim);
+    }
+    acked += record_outcomes(w, &claim);
+    advance_low_water(w);
+    // Back off when a batch got nothing through: Kafka is down or refusing.
+    // The next acknowledgement ends the backoff.  Refused rows next to
+    // acknowledged ones are retried after the shortest backoff, not at the
+    // next poll tick.
+    if (claim.n > 0 && acked == 0)
+        backoff_after_failure(r);
+    else if (r->turn_failed > 0)
+        r->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+                                                       outbox::policy::kRelayBackoffMinMs);
+    outbox_worker_commit(w);
+    after_turn(w);
+    // A batch the budget cut short is as good as a full one: more waits.
+    return claim.left > 0 ? outbox_batch_size : claim.n;
 }
 
 // Waits up to wait_ms for delivery reports (or the latch) and writes what
 // came back in a short transaction.
-void drain_step(long wait_ms) {
-    Producer *p = relay->producer.get();
+void drain_step(OutboxWorker *w, long wait_ms) {
+    Producer *p = state(w)->producer.get();
     p->poll();
     if (p->acked_count() == 0 && p->failed_count() == 0 && wait_ms > 0) {
-        relay_wait(wait_ms);
+        outbox_worker_wait(w, wait_ms);
         p->poll();
     }
     if (p->acked_count() > 0 || p->failed_count() > 0) {
-        outbox_worker_begin("pg outbox: recording late deliveries");
-        if (outbox_extension_ready())
-            record_outcomes(nullptr);  // no rows locked here: all by id
-        else
+        if (outbox_worker_begin(w, "pg outbox: recording late deliveries")) {
+            record_outcomes(w, nullptr);  // no rows locked here: all by id
+            outbox_worker_commit(w);
+        } else {
             p->clear_resolved();
-        outbox_worker_commit(relay->loop_context);
+        }
     }
-    emit_kafka_log();
-    report_stats();
+    after_turn(w);
 }
 
-// Makes relay->producer match the current settings, if it can.  Returns
-// false while the old producer is still finishing what it has in flight
-// after a settings change: no new claims then.
-bool ensure_producer() {
+// Makes the producer match the current settings, if it can.  Returns false
+// while the old producer is still finishing what it has in flight after a
+// settings change: no new claims then.
+bool ensure_producer(OutboxWorker *w) {
+    RelayState *r = state(w);
     const char *brokers = outbox_brokers ? outbox_brokers : "";
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
-    Producer *p = relay->producer.get();
+    Producer *p = r->producer.get();
 
     if (p) {
-        bool same = strcmp(brokers, relay->built_brokers) == 0 &&
-                    strcmp(config, relay->built_config) == 0;
+        bool same = strcmp(brokers, r->built_brokers) == 0 && strcmp(config, r->built_config) == 0 &&
+                    !secrets_changed(r);
         if (same && !p->fatal()) {
-            relay->reconfigure_deadline = 0;
+            r->reconfigure_deadline = 0;
             return true;
         }
         // Let what is in flight finish for a while; then abandon it (its
         // rows stay pending and go out through the new producer).
         if (p->in_flight() > 0) {
             TimestampTz now = GetCurrentTimestamp();
-            if (relay->reconfigure_deadline == 0)
-                relay->reconfigure_deadline =
-                    TimestampTzPlusMilliseconds(now, outbox_batch_timeout_ms);
-            if (now < relay->reconfigure_deadline && !p->fatal()) return false;
+            if (r->reconfigure_deadline == 0)
+                r->reconfigure_deadline = TimestampTzPlusMilliseconds(now, outbox_batch_timeout_ms);
+            if (now < r->reconfigure_deadline && !p->fatal()) return false;
         }
-        ereport(LOG, (errmsg("%s: Kafka settings changed, reconnecting", relay->label)));
-        drain_step(0);  // record what already came back
-        kafka_disconnect(0);
-        relay->reconfigure_deadline = 0;
+        ereport(LOG, (errmsg("%s: Kafka settings changed, reconnecting", w->label)));
+        drain_step(w, 0);  // record what already came back
+        kafka_disconnect(r, 0);
+        r->reconfigure_deadline = 0;
     }
 
     if (brokers[0] == '\0') {
-        if (!relay->said_no_brokers)
+        if (!r->said_no_brokers)
             ereport(LOG, (errmsg("%s: outbox.brokers is empty; messages stay pending until it is "
                                  "set",
-                                 relay->label)));
-        relay->said_no_brokers = true;
+                                 w->label)));
+        r->said_no_brokers = true;
         return true;
     }
-    relay->said_no_brokers = false;
+    r->said_no_brokers = false;
+    if (!r->secrets_ok) {
+        backoff_after_failure(r);
+        return true;
+    }
 
     char client_id[NAMEDATALEN + 32];
-    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", relay->dbname, relay->index + 1);
+    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", w->dbname, w->share + 1);
     char err[512];
-    if (!kafka_connect(brokers, config, client_id, outbox_batch_size, err, sizeof err)) {
-        if (strcmp(err, relay->last_connect_error) != 0)
-            ereport(WARNING, (errmsg("%s: cannot create the Kafka producer: %s", relay->label,
-                                     err)));
-        strlcpy(relay->last_connect_error, err, sizeof relay->last_connect_error);
-        backoff_after_failure();
+    if (!kafka_connect(r, w->wake_pipe[1], brokers, config, client_id, outbox_batch_size, err,
+                       sizeof err)) {
+        if (strcmp(err, r->last_connect_error) != 0)
+            ereport(WARNING,
+                    (errmsg("%s: cannot create the Kafka producer: %s", w->label, err)));
+        strlcpy(r->last_connect_error, err, sizeof r->last_connect_error);
+        outbox_stats_error(err);
+        backoff_after_failure(r);
         return true;
     }
-    relay->last_connect_error[0] = '\0';
-    relay->built_brokers = keep_string(relay->built_brokers, brokers);
-    relay->built_config = keep_string(relay->built_config, config);
-    ereport(LOG, (errmsg("%s: producing to %s", relay->label, brokers)));
+    r->last_connect_error[0] = '\0';
+    r->built_brokers = outbox_keep_string(r->built_brokers, brokers);
+    r->built_config = outbox_keep_string(r->built_config, config);
+    ereport(LOG, (errmsg("%s: producing to %s", w->label, brokers)));
     return true;
 }
 
-// Session settings of the relay that follow outbox.* settings.
-void apply_session_settings() {
+// Settings that follow outbox.* settings: the relay's commit durability
+// and the secrets file.
+void relay_reload(OutboxWorker *w) {
+    RelayState *r = state(w);
     // Off: the relay's commits (marks) do not wait for a WAL flush.  Safe:
     // a lost mark makes a duplicate, never a loss.  On: the server's own
     // synchronous_commit applies.
-    if (!outbox_synchronous_commit)
-        SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    else
-        SetConfigOption("synchronous_commit", nullptr, PGC_SUSET, PGC_S_OVERRIDE);
+    SetConfigOption("synchronous_commit", outbox_synchronous_commit ? nullptr : "off", PGC_SUSET,
+                    PGC_S_SESSION);
+    char err[512];
+    bool ok = load_secrets(r, outbox_kafka_config_file, err, sizeof err);
+    if (!ok && (r->secrets_ok || strcmp(err, r->last_connect_error) != 0)) {
+        ereport(WARNING, (errmsg("%s: %s; nothing is published until it is fixed", w->label, err)));
+        strlcpy(r->last_connect_error, err, sizeof r->last_connect_error);
+        outbox_stats_error(err);
+    }
+    r->secrets_ok = ok;
 }
 
-// One turn of the main loop.  May ereport(ERROR); the caller recovers.
-void relay_iteration() {
-    if (ConfigReloadPending) {
-        ConfigReloadPending = false;
-        ProcessConfigFile(PGC_SIGHUP);
-        apply_session_settings();
-    }
+// Before the process goes (also after an ERROR): whatever the producer
+// still holds is dropped.  Correctness never depends on this running.
+void relay_on_exit(int, Datum arg) {
+    kafka_disconnect(reinterpret_cast<RelayState *>(DatumGetPointer(arg)), 0);
+}
 
-    if (relay->quiet_until > GetCurrentTimestamp()) {
-        relay_wait(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), relay->quiet_until));
-        return;
-    }
+void relay_start(OutboxWorker *w) {
+    // nothrow: no C++ exception may unwind into Postgres code.
+    RelayState *r = new (std::nothrow) RelayState();
+    if (!r) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
+    w->state = r;
+    r->built_brokers = outbox_keep_string(nullptr, "");
+    r->built_config = outbox_keep_string(nullptr, "");
+    // A queue is read in index order, whatever the statistics say: a
+    // backlog that arrived before autovacuum analysed the table must not
+    // turn each claim into a sequential scan and a full sort.
+    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_SESSION);
+    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_SESSION);
+    relay_reload(w);
+    before_shmem_exit(relay_on_exit, PointerGetDatum(r));
+}
 
-    bool may_claim = ensure_producer();
-    Producer *p = relay->producer.get();
+long relay_turn(OutboxWorker *w) {
+    RelayState *r = state(w);
+    bool may_claim = ensure_producer(w);
+    Producer *p = r->producer.get();
     TimestampTz now = GetCurrentTimestamp();
-
-    if (!p) {
-        relay_wait(relay->next_claim_at > now
-                       ? TimestampDifferenceMilliseconds(now, relay->next_claim_at)
-                       : outbox_poll_interval_ms);
-        return;
+    if (!p) return r->next_claim_at > now ? ms_until(r->next_claim_at) : outbox_poll_interval_ms;
+    if (!may_claim) {
+        drain_step(w, 100);  // the old producer finishes its flights, or its time runs out
+        return 0;
     }
     // Backing off, or too much in flight: only record what comes back.
-    std::size_t cap = static_cast<std::size_t>(outbox_batch_size) * kMaxBatchesInFlight;
-    if (!may_claim) {
-        drain_step(100);  // the old producer finishes its flights, or its time runs out
-        return;
+    std::size_t cap = static_cast<std::size_t>(outbox_batch_size) * outbox::policy::kMaxBatchesInFlight;
+    if (r->next_claim_at > now || p->in_flight() >= cap) {
+        drain_step(w, r->next_claim_at > now ? ms_until(r->next_claim_at) : outbox_poll_interval_ms);
+        return 0;
     }
-    if (relay->next_claim_at > now || p->in_flight() >= cap) {
-        long wait_ms = relay->next_claim_at > now
-                           ? TimestampDifferenceMilliseconds(now, relay->next_claim_at)
-                           : outbox_poll_interval_ms;
-        drain_step(wait_ms);
-        return;
-    }
-
-    int claimed = run_batch();
-    if (claimed == -1) {
-        if (!relay->said_no_extension)
-            ereport(LOG, (errmsg("%s: waiting for CREATE EXTENSION outbox in database \"%s\"",
-                                 relay->label, relay->dbname)));
-        relay->said_no_extension = true;
-    } else {
-        relay->said_no_extension = false;
-    }
+    int claimed = run_batch(w);
+    if (claimed < 0) return outbox_poll_interval_ms;
     // A full batch means more may be waiting, and a wake-up during the batch
     // means a commit came after our snapshot: go again without sleeping.
     // Otherwise sleep until a commit, a delivery report, a retry is due, or
     // the poll tick.
-    if (claimed < outbox_batch_size && !relay->woken) {
-        long wait_ms = outbox_poll_interval_ms;
-        TimestampTz after = GetCurrentTimestamp();
-        if (relay->next_claim_at > after)
-            wait_ms = Min(wait_ms, TimestampDifferenceMilliseconds(after, relay->next_claim_at));
-        relay_wait(wait_ms);
-    }
+    if (claimed >= outbox_batch_size || w->woken) return 0;
+    long wait = outbox_poll_interval_ms;
+    if (r->next_claim_at > 0) wait = Min(wait, ms_until(r->next_claim_at));
+    return Max(wait, 1L);
 }
-
-void relay_iteration_guarded() {
-    PG_TRY();
-    {
-        relay_iteration();
-    }
-    PG_CATCH();
-    {
-        outbox_worker_recover(relay->loop_context);
-        backoff_after_failure();
-        relay->quiet_until = relay->next_claim_at;
-    }
-    PG_END_TRY();
-}
-
-// Before the process goes: whatever the producer still holds is dropped.
-// Correctness never depends on this running (their rows are pending).
-void relay_on_exit(int, Datum) { kafka_disconnect(0); }
 
 // SIGTERM: give what is in flight a bounded time, record it, then go.
-void relay_finish() {
-    Producer *p = relay->producer.get();
-    if (p) {
+void relay_stop(OutboxWorker *w) {
+    RelayState *r = state(w);
+    if (Producer *p = r->producer.get()) {
         TimestampTz deadline =
             TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms);
         while (p->in_flight() > 0 && GetCurrentTimestamp() < deadline)
-            drain_step(Min(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline), 100L));
-        drain_step(0);
+            drain_step(w, Min(ms_until(deadline), 100L));
+        drain_step(w, 0);
     }
-    kafka_disconnect(0);
+    kafka_disconnect(r, 0);
 }
+
+const OutboxWorkerKind kRelay = {
+    OUTBOX_ROLE_RELAY, "relay", false, true, kOutboxSchema10, relay_start, relay_turn,
+    relay_reload,      relay_stop,
+};
 
 }  // namespace
 
-extern "C" void outbox_relay_main(Datum main_arg) {
-    pqsignal(SIGHUP, SignalHandlerForConfigReload);
-    pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-    BackgroundWorkerUnblockSignals();
-
-    int slot = DatumGetInt32(main_arg);
-    int database_index, share;
-    outbox_relay_of_slot(slot, &database_index, &share);
-    const char *dbname = outbox_database_name(database_index);
-    BackgroundWorkerInitializeConnection(dbname, nullptr, 0);
-    // The worker runs as a superuser: resolve nothing through a search
-    // path that other roles could write to.
-    SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
-    // A queue is read in index order, whatever the statistics say: a
-    // backlog that arrived before autovacuum analysed the table must not
-    // turn each claim into a sequential scan and a full sort.
-    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
-    apply_session_settings();
-    pgstat_report_appname("pg outbox relay");
-
-    // nothrow: no C++ exception may unwind into Postgres code.
-    relay = new (std::nothrow) RelayState();
-    if (!relay) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
-    relay->index = share;
-    relay->dbname = dbname;
-    snprintf(relay->label, sizeof relay->label, "pg outbox relay %d [%s]", share + 1, dbname);
-    relay->built_brokers = keep_string(nullptr, "");
-    relay->built_config = keep_string(nullptr, "");
-    outbox_slot_attach(slot, OUTBOX_ROLE_RELAY, share, MyDatabaseId);
-
-    outbox_worker_pipe(relay->wake_pipe, relay->label);
-    relay->wait_set = outbox_worker_wait_set(relay->wake_pipe[0]);
-    before_shmem_exit(relay_on_exit, 0);
-
-    ereport(LOG, (errmsg("%s started (share %d of %d)", relay->label, share + 1, outbox_workers)));
-
-    relay->loop_context = AllocSetContextCreate(TopMemoryContext, "pg outbox relay loop",
-                                                ALLOCSET_DEFAULT_SIZES);
-    while (!ShutdownRequestPending) {
-        MemoryContextSwitchTo(relay->loop_context);
-        relay_iteration_guarded();
-        MemoryContextReset(relay->loop_context);
-    }
-
-    relay_finish();
-    ereport(LOG, (errmsg("%s stopped", relay->label)));
-    proc_exit(0);
-}
+void outbox_relay_main(Datum main_arg) { outbox_worker_main(&kRelay, main_arg); }

@@ -41,10 +41,24 @@ struct WorkerSlot {
     // processed per second over the last minute: second stamp and count
     int64 bucket_second[kMinuteBuckets];
     uint64 bucket_count[kMinuteBuckets];
+    // Relays: the mark, and the lowest rescan point asked of it.
+    pg_atomic_uint64 low_water;
+    pg_atomic_uint64 rescan_from;
 };
+
+// A backend's uncommitted outbox insert: kNone, kAllocating, or its lowest id.
+struct WriterSlot {
+    pg_atomic_uint64 lowest;
+    volatile Oid database;
+};
+
+constexpr uint64 kNone = 0;
+constexpr uint64 kAllocating = PG_UINT64_MAX;
 
 struct OutboxShared {
     int nslots;
+    int nwriters;
+    WriterSlot *writers;  // nwriters of them, after the worker slots
     WorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 };
 
@@ -53,10 +67,29 @@ WorkerSlot *my_slot = nullptr;
 shmem_request_hook_type prev_shmem_request_hook = nullptr;
 shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
 
-Size shared_size() {
+Size workers_size() {
     return add_size(offsetof(OutboxShared, slots),
                     mul_size(sizeof(WorkerSlot), outbox_slot_count()));
 }
+
+Size shared_size() {
+    return add_size(MAXALIGN(workers_size()), mul_size(sizeof(WriterSlot), MaxBackends));
+}
+
+int my_writer_index() {
+#if PG_VERSION_NUM >= 170000
+    return MyProcNumber;
+#else
+    return MyBackendId - 1;
+#endif
+}
+
+WriterSlot *my_writer() {
+    int i = my_writer_index();
+    return shared && i >= 0 && i < shared->nwriters ? &shared->writers[i] : nullptr;
+}
+
+bool uncommitted_write = false;  // this backend's writer slot is set
 
 void request_shmem() {
     if (prev_shmem_request_hook) prev_shmem_request_hook();
@@ -71,7 +104,16 @@ void startup_shmem() {
     if (!found) {
         memset(shared, 0, shared_size());
         shared->nslots = outbox_slot_count();
-        for (int i = 0; i < shared->nslots; i++) SpinLockInit(&shared->slots[i].mutex);
+        for (int i = 0; i < shared->nslots; i++) {
+            SpinLockInit(&shared->slots[i].mutex);
+            pg_atomic_init_u64(&shared->slots[i].low_water, 0);
+            pg_atomic_init_u64(&shared->slots[i].rescan_from, PG_UINT64_MAX);
+        }
+        shared->nwriters = MaxBackends;
+        shared->writers = reinterpret_cast<WriterSlot *>(reinterpret_cast<char *>(shared) +
+                                                         MAXALIGN(workers_size()));
+        for (int i = 0; i < shared->nwriters; i++)
+            pg_atomic_init_u64(&shared->writers[i].lowest, kNone);
     }
     LWLockRelease(AddinShmemInitLock);
 }
@@ -113,6 +155,8 @@ void outbox_slot_attach(int index, OutboxWorkerRole role, int share, Oid databas
     memset(s.bucket_second, 0, sizeof s.bucket_second);
     memset(s.bucket_count, 0, sizeof s.bucket_count);
     SpinLockRelease(&s.mutex);
+    pg_atomic_write_u64(&s.low_water, 0);
+    pg_atomic_write_u64(&s.rescan_from, PG_UINT64_MAX);
     s.latch = &MyProc->procLatch;
     s.database = database;
     s.role = role;
@@ -203,4 +247,83 @@ bool outbox_slot_stats(int index, OutboxSlotStats *out) {
     SpinLockRelease(&s.mutex);
     out->processed_last_minute = minute;
     return true;
+}
+
+void outbox_writer_allocating(void) {
+    WriterSlot *w = my_writer();
+    if (!w || uncommitted_write) return;
+    w->database = MyDatabaseId;
+    pg_write_barrier();
+    pg_atomic_write_u64(&w->lowest, kAllocating);
+    // Before nextval(): a relay that reads the sequence after our id was
+    // taken must see that we hold one.
+    pg_memory_barrier();
+    uncommitted_write = true;
+}
+
+void outbox_writer_wrote(int64 id) {
+    WriterSlot *w = my_writer();
+    if (!w || !uncommitted_write) return;
+    uint64 now = pg_atomic_read_u64(&w->lowest);
+    if (now == kAllocating || static_cast<uint64>(id) < now)
+        pg_atomic_write_u64(&w->lowest, static_cast<uint64>(id));
+}
+
+void outbox_writer_done(void) {
+    if (!uncommitted_write) return;
+    uncommitted_write = false;
+    if (WriterSlot *w = my_writer()) pg_atomic_write_u64(&w->lowest, kNone);
+}
+
+int64 outbox_writers_lowest(Oid database, bool *unsure) {
+    *unsure = false;
+    int64 lowest = PG_INT64_MAX;
+    if (!shared) return lowest;
+    pg_memory_barrier();
+    for (int i = 0; i < shared->nwriters; i++) {
+        WriterSlot &w = shared->writers[i];
+        uint64 v = pg_atomic_read_u64(&w.lowest);
+        if (v == kNone) continue;
+        pg_read_barrier();
+        if (w.database != database) continue;
+        if (v == kAllocating)
+            *unsure = true;
+        else
+            lowest = Min(lowest, static_cast<int64>(v));
+    }
+    return lowest;
+}
+
+void outbox_relay_rescan_from(Oid database, int64 id) {
+    if (!shared) return;
+    for (int i = 0; i < shared->nslots; i++) {
+        WorkerSlot &s = shared->slots[i];
+        if (s.pid == 0 || s.role != OUTBOX_ROLE_RELAY || s.database != database) continue;
+        uint64 want = static_cast<uint64>(Max(id, 0));
+        uint64 old = pg_atomic_read_u64(&s.rescan_from);
+        while (want < old && !pg_atomic_compare_exchange_u64(&s.rescan_from, &old, want)) {
+        }
+        if (Latch *latch = s.latch) SetLatch(latch);
+    }
+}
+
+int64 outbox_relay_take_rescan(void) {
+    if (!my_slot) return PG_INT64_MAX;
+    uint64 v = pg_atomic_exchange_u64(&my_slot->rescan_from, PG_UINT64_MAX);
+    return v == PG_UINT64_MAX ? PG_INT64_MAX : static_cast<int64>(v);
+}
+
+void outbox_relay_set_low_water(int64 low_water) {
+    if (my_slot) pg_atomic_write_u64(&my_slot->low_water, static_cast<uint64>(Max(low_water, 0)));
+}
+
+int64 outbox_relays_lowest_low_water(Oid database) {
+    int64 lowest = PG_INT64_MAX;
+    if (!shared) return lowest;
+    for (int i = 0; i < shared->nslots; i++) {
+        WorkerSlot &s = shared->slots[i];
+        if (s.pid == 0 || s.role != OUTBOX_ROLE_RELAY || s.database != database) continue;
+        lowest = Min(lowest, static_cast<int64>(pg_atomic_read_u64(&s.low_water)));
+    }
+    return lowest;
 }

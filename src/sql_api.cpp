@@ -1,33 +1,41 @@
-// SQL-callable functions written in C++.  (mark_processed and is_processed
-// are plain SQL/plpgsql in outbox--1.0.sql.)
+// SQL-callable functions written in C++: outbox.write(), write_bytes(),
+// confluent_frame() and the small internal helpers.  (mark_processed,
+// is_processed and the inbox's SQL side are SQL/plpgsql in the schema.)
 #include "outbox/pg.h"
 
-#include "outbox/outbox_queries.h"
-#include "outbox/topic.h"
+#include "outbox/common/topic.h"
+#include "outbox/guc.h"
+#include "outbox/queries/write.h"
+#include "outbox/shmem.h"
 #include "outbox/wakeup.h"
+#include "outbox/workers.h"
 
 extern "C" {
+#include "catalog/namespace.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
+#include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 }
 
 namespace {
 
-[[noreturn]] void null_argument(const char *name) {
+[[noreturn]] void null_argument(const char *function, const char *name) {
     ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-                    errmsg("outbox.write: %s must not be NULL", name)));
+                    errmsg("%s: %s must not be NULL", function, name)));
     pg_unreachable();
 }
 
-void check_topic(text *topic) {
+void check_topic(const char *function, text *topic) {
     std::size_t len = VARSIZE_ANY_EXHDR(topic);
     const char *why = outbox::topic_name_error(std::string_view(VARDATA_ANY(topic), len));
     if (why)
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("outbox.write: invalid topic \"%s\"", text_to_cstring(topic)),
+                        errmsg("%s: invalid topic \"%s\"", function, text_to_cstring(topic)),
                         errdetail("%s.", why)));
 }
 
@@ -43,14 +51,14 @@ const char *jsonb_value_word(const JsonbValue &v) {
 }
 
 // Kafka headers are name -> bytes; we take a flat JSON object of strings.
-void check_headers(Jsonb *headers) {
+void check_headers(const char *function, Jsonb *headers) {
     if (!JB_ROOT_IS_OBJECT(headers)) {
         const char *what = "an array";
         JsonbValue scalar;
         if (JB_ROOT_IS_SCALAR(headers) && JsonbExtractScalar(&headers->root, &scalar))
             what = jsonb_value_word(scalar);
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("outbox.write: headers must be a JSON object of strings"),
+                        errmsg("%s: headers must be a JSON object of strings", function),
                         errdetail("The headers are %s.", what)));
     }
     JsonbIterator *it = JsonbIteratorInit(&headers->root);
@@ -62,11 +70,73 @@ void check_headers(Jsonb *headers) {
             name = pnstrdup(v.val.string.val, v.val.string.len);
         } else if (tok == WJB_VALUE && v.type != jbvString) {
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                            errmsg("outbox.write: headers must be a JSON object of strings"),
+                            errmsg("%s: headers must be a JSON object of strings", function),
                             errdetail("Header \"%s\" is %s.", name ? name : "?",
                                       jsonb_value_word(v))));
         }
     }
+}
+
+// The message's headers: its own over the session's outbox.default_headers
+// (checked when set: a JSON object of strings).  The parsed defaults are
+// kept while the setting's text stays the same.
+Datum merged_headers(Datum own) {
+    const char *defaults = outbox_default_headers ? outbox_default_headers : "";
+    if (defaults[0] == '\0') return own;
+    static char *cached_text = nullptr;
+    static Datum cached = 0;
+    if (!cached_text || strcmp(cached_text, defaults) != 0) {
+        MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+        Datum parsed = DirectFunctionCall1(jsonb_in, CStringGetDatum(defaults));
+        char *text_copy = pstrdup(defaults);
+        MemoryContextSwitchTo(old);
+        if (cached_text) {
+            pfree(cached_text);
+            pfree(DatumGetPointer(cached));
+        }
+        cached_text = text_copy;
+        cached = parsed;
+    }
+    return DirectFunctionCall2(jsonb_concat, cached, own);
+}
+
+void check_partition(const char *function, FunctionCallInfo fcinfo, int arg, bool *has,
+                     int32 *partition) {
+    *has = PG_NARGS() > arg && !PG_ARGISNULL(arg);
+    *partition = *has ? PG_GETARG_INT32(arg) : -1;
+    if (*has && *partition < 0)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s: partition must be NULL or at least 0, got %d", function,
+                               *partition)));
+}
+
+[[noreturn]] void too_large(const char *function, int64 bytes) {
+    ereport(ERROR,
+            (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+             errmsg("%s: the message's value is %lld bytes, more than outbox.max_message_bytes "
+                    "(%d)",
+                    function, static_cast<long long>(bytes), outbox_max_message_bytes),
+             errhint("Kafka refuses records larger than its message.max.bytes; a superuser may "
+                     "raise outbox.max_message_bytes if the topic accepts them.")));
+    pg_unreachable();
+}
+
+// The value Kafka would get is the payload's JSON text in UTF-8.  jsonb
+// prints at most 6 bytes per byte it stores (a control character becomes
+// \u00XX), and a server encoding's character never needs more than twice
+// its bytes in UTF-8: below that bound nothing is rendered.
+void check_payload_size(Jsonb *payload) {
+    int64 stored = VARSIZE(payload);
+    int expand = GetDatabaseEncoding() == PG_UTF8 ? 6 : 12;
+    if (stored * expand + 64 <= outbox_max_message_bytes) return;
+    char *text = JsonbToCString(nullptr, &payload->root, VARSIZE(payload));
+    int64 len = static_cast<int64>(strlen(text));
+    int enc = GetDatabaseEncoding();
+    if (enc != PG_UTF8 && enc != PG_SQL_ASCII) {
+        char *utf8 = pg_server_to_any(text, static_cast<int>(len), PG_UTF8);
+        if (utf8 != text) len = static_cast<int64>(strlen(utf8));
+    }
+    if (len > outbox_max_message_bytes) too_large("outbox.write", len);
 }
 
 // A version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, then random.
@@ -79,9 +149,67 @@ void new_message_id(pg_uuid_t *u) {
     for (int i = 0; i < 6; i++) u->data[i] = static_cast<unsigned char>(unix_ms >> (8 * (5 - i)));
     if (!pg_strong_random(u->data + 6, UUID_LEN - 6))
         ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR),
-                        errmsg("outbox.write: could not generate random bytes for a message id")));
+                        errmsg("pg outbox: could not generate random bytes for a message id")));
     u->data[6] = static_cast<unsigned char>((u->data[6] & 0x0f) | 0x70);
     u->data[8] = static_cast<unsigned char>((u->data[8] & 0x3f) | 0x80);
+}
+
+// Inserts the message in the caller's transaction and has the commit wake
+// the relay.  The relay's low-water mark learns of the uncommitted id first.
+pg_uuid_t *insert(OutboxNewMessage *m) {
+    // A restored database whose dump did not carry the id sequence would
+    // fail every insert on the primary key: check once per backend.
+    static Oid healed_database = InvalidOid;
+    pg_uuid_t *message_id = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t)));
+    new_message_id(message_id);
+    m->message_id = message_id;
+    SPI_connect();
+    if (healed_database != MyDatabaseId) {
+        outbox_heal_id_sequence();
+        healed_database = MyDatabaseId;
+    }
+    outbox_writer_allocating();
+    int64 id = outbox_insert_message(m);
+    outbox_writer_wrote(id);
+    SPI_finish();
+    outbox_wakeup_note_write();
+    return message_id;
+}
+
+// The key column of a write_bytes() message: what orders it among its
+// key's messages.  The same Kafka key must give the same text as
+// outbox.write() would store for it (a tombstone follows the JSON events of
+// its key): the key's UTF-8 as server text when it is that; otherwise its
+// bytes in hex, which no outbox.write() key of the same bytes can be.
+Datum order_key_of_bytes(bytea *key) {
+    const char *data = VARDATA_ANY(key);
+    int len = static_cast<int>(VARSIZE_ANY_EXHDR(key));
+    bool is_text = memchr(data, '\0', len) == nullptr &&
+                   pg_verify_mbstr(PG_UTF8, data, len, true);
+    if (is_text) {
+        int enc = GetDatabaseEncoding();
+        if (enc == PG_UTF8 || enc == PG_SQL_ASCII)
+            return PointerGetDatum(cstring_to_text_with_len(data, len));
+        // Into the server's encoding, if every character has a place there.
+        unsigned char *out = static_cast<unsigned char *>(palloc(len * MAX_CONVERSION_GROWTH + 1));
+        Oid proc = FindDefaultConversionProc(PG_UTF8, enc);
+        if (OidIsValid(proc)) {
+            int done = pg_do_encoding_conversion_buf(
+                proc, PG_UTF8, enc, reinterpret_cast<unsigned char *>(const_cast<char *>(data)),
+                len, out, len * MAX_CONVERSION_GROWTH + 1, true);
+            if (done == len) return PointerGetDatum(cstring_to_text(reinterpret_cast<char *>(out)));
+        }
+    }
+    StringInfoData hex;
+    initStringInfo(&hex);
+    appendStringInfoString(&hex, "\\x");
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < len; i++) {
+        unsigned char c = static_cast<unsigned char>(data[i]);
+        appendStringInfoChar(&hex, digits[c >> 4]);
+        appendStringInfoChar(&hex, digits[c & 15]);
+    }
+    return PointerGetDatum(cstring_to_text_with_len(hex.data, hex.len));
 }
 
 }  // namespace
@@ -91,39 +219,108 @@ extern "C" {
 PGDLLEXPORT Datum outbox_write(PG_FUNCTION_ARGS);
 PG_FUNCTION_INFO_V1(outbox_write);
 
-// outbox.write(topic text, key text, payload jsonb, headers jsonb) -> uuid
+// outbox.write(topic text, key text, payload jsonb, headers jsonb,
+//              partition integer) -> uuid.  (Schemas before 1.2 call it
+// without the partition.)
 Datum outbox_write(PG_FUNCTION_ARGS) {
-    if (PG_ARGISNULL(0)) null_argument("topic");
-    if (PG_ARGISNULL(1)) null_argument("key");
-    if (PG_ARGISNULL(2)) null_argument("payload");
-
-    check_topic(PG_GETARG_TEXT_PP(0));
+    const char *fn = "outbox.write";
+    if (PG_ARGISNULL(0)) null_argument(fn, "topic");
+    if (PG_ARGISNULL(1)) null_argument(fn, "key");
+    if (PG_ARGISNULL(2)) null_argument(fn, "payload");
+    check_topic(fn, PG_GETARG_TEXT_PP(0));
     Datum headers;
     if (PG_ARGISNULL(3)) {
         headers = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
     } else {
-        check_headers(PG_GETARG_JSONB_P(3));
+        check_headers(fn, PG_GETARG_JSONB_P(3));
         headers = PG_GETARG_DATUM(3);
     }
+    OutboxNewMessage m = {};
+    check_partition(fn, fcinfo, 4, &m.has_partition, &m.partition);
+    check_payload_size(PG_GETARG_JSONB_P(2));
+    m.topic = PG_GETARG_DATUM(0);
+    m.key = PG_GETARG_DATUM(1);
+    m.payload = PG_GETARG_DATUM(2);
+    m.headers = merged_headers(headers);
+    PG_RETURN_UUID_P(insert(&m));
+}
 
-    pg_uuid_t *message_id = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t)));
-    new_message_id(message_id);
+PGDLLEXPORT Datum outbox_write_bytes(PG_FUNCTION_ARGS);
+PG_FUNCTION_INFO_V1(outbox_write_bytes);
 
-    SPI_connect();
-    outbox_insert_message(message_id, PG_GETARG_DATUM(0), PG_GETARG_DATUM(1), PG_GETARG_DATUM(2),
-                          headers);
-    SPI_finish();
+// outbox.write_bytes(topic text, key bytea, value bytea, headers jsonb,
+//                    partition integer) -> uuid.  A NULL key: a record
+// without a key; a NULL value: a tombstone.
+Datum outbox_write_bytes(PG_FUNCTION_ARGS) {
+    const char *fn = "outbox.write_bytes";
+    if (PG_ARGISNULL(0)) null_argument(fn, "topic");
+    check_topic(fn, PG_GETARG_TEXT_PP(0));
+    Datum headers;
+    if (PG_ARGISNULL(3)) {
+        headers = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
+    } else {
+        check_headers(fn, PG_GETARG_JSONB_P(3));
+        headers = PG_GETARG_DATUM(3);
+    }
+    OutboxNewMessage m = {};
+    check_partition(fn, fcinfo, 4, &m.has_partition, &m.partition);
+    m.is_binary = true;
+    m.has_value = !PG_ARGISNULL(2);
+    if (m.has_value) {
+        bytea *value = PG_GETARG_BYTEA_PP(2);
+        int64 len = static_cast<int64>(VARSIZE_ANY_EXHDR(value));
+        if (len > outbox_max_message_bytes) too_large(fn, len);
+        m.value = PointerGetDatum(value);
+    }
+    m.has_key_bytes = !PG_ARGISNULL(1);
+    if (m.has_key_bytes) {
+        m.key_bytes = PG_GETARG_DATUM(1);
+        m.key = order_key_of_bytes(PG_GETARG_BYTEA_PP(1));
+    } else {
+        m.key = CStringGetTextDatum("");
+    }
+    m.topic = PG_GETARG_DATUM(0);
+    m.payload = DirectFunctionCall1(jsonb_in, CStringGetDatum("null"));
+    m.headers = merged_headers(headers);
+    PG_RETURN_UUID_P(insert(&m));
+}
 
-    outbox_wakeup_note_write();
-    PG_RETURN_UUID_P(message_id);
+PGDLLEXPORT Datum outbox_confluent_frame(PG_FUNCTION_ARGS);
+PG_FUNCTION_INFO_V1(outbox_confluent_frame);
+
+// outbox.confluent_frame(schema_id integer, body bytea) -> bytea: the
+// Confluent schema registry's wire format (magic byte 0, the schema id as 4
+// big-endian bytes, then the encoded body).
+Datum outbox_confluent_frame(PG_FUNCTION_ARGS) {
+    const char *fn = "outbox.confluent_frame";
+    if (PG_ARGISNULL(0)) null_argument(fn, "schema_id");
+    if (PG_ARGISNULL(1)) null_argument(fn, "body");
+    int32 id = PG_GETARG_INT32(0);
+    if (id < 0)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s: schema_id must not be negative, got %d", fn, id)));
+    bytea *body = PG_GETARG_BYTEA_PP(1);
+    Size len = VARSIZE_ANY_EXHDR(body);
+    bytea *out = static_cast<bytea *>(palloc(VARHDRSZ + 5 + len));
+    SET_VARSIZE(out, VARHDRSZ + 5 + len);
+    unsigned char *p = reinterpret_cast<unsigned char *>(VARDATA(out));
+    uint32 u = static_cast<uint32>(id);
+    p[0] = 0;
+    p[1] = static_cast<unsigned char>(u >> 24);
+    p[2] = static_cast<unsigned char>(u >> 16);
+    p[3] = static_cast<unsigned char>(u >> 8);
+    p[4] = static_cast<unsigned char>(u);
+    memcpy(p + 5, VARDATA_ANY(body), len);
+    PG_RETURN_BYTEA_P(out);
 }
 
 PGDLLEXPORT Datum outbox_wake_relay_at_commit(PG_FUNCTION_ARGS);
 PG_FUNCTION_INFO_V1(outbox_wake_relay_at_commit);
 
-// outbox._wake_relay_at_commit() -> void
+// outbox._wake_relay_at_commit() -> void: older rows are pending again
+// (retry, replay): at commit the relays look from the start and wake.
 Datum outbox_wake_relay_at_commit(PG_FUNCTION_ARGS) {
-    outbox_wakeup_note_write();
+    outbox_wakeup_note_rescan();
     PG_RETURN_VOID();
 }
 
@@ -146,6 +343,28 @@ Datum outbox_topic_error(PG_FUNCTION_ARGS) {
         std::string_view(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)));
     if (!why) PG_RETURN_NULL();
     PG_RETURN_TEXT_P(cstring_to_text(why));
+}
+
+PGDLLEXPORT Datum outbox_warn_unless_served(PG_FUNCTION_ARGS);
+PG_FUNCTION_INFO_V1(outbox_warn_unless_served);
+
+// outbox._warn_unless_served() -> void: run by CREATE EXTENSION (and so by
+// a restore): says once why messages written here would wait.
+Datum outbox_warn_unless_served(PG_FUNCTION_ARGS) {
+    if (!outbox_preloaded)
+        ereport(WARNING,
+                (errmsg("pg outbox: no relay runs for this server: shared_preload_libraries does "
+                        "not load outbox"),
+                 errdetail("Messages written here are kept in outbox.outbox_message and wait "
+                           "until a server with the relay runs.")));
+    else if (!outbox_serves_this_database())
+        ereport(WARNING,
+                (errmsg("pg outbox: database \"%s\" is not in outbox.database (\"%s\")",
+                        get_database_name(MyDatabaseId), outbox_database),
+                 errdetail("Messages written here are kept in outbox.outbox_message and wait "
+                           "until the database is listed there."),
+                 errhint("Add it to outbox.database in postgresql.conf and restart the server.")));
+    PG_RETURN_VOID();
 }
 
 }  // extern "C"

@@ -8,9 +8,10 @@ extern "C" {
 
 namespace {
 
-// Set by outbox.write() (and inbox writes); read and cleared at the end of
-// the transaction.
+// Set by outbox.write*() (and inbox writes, retries, replays); read and
+// cleared at the end of the transaction.
 bool wrote_in_this_transaction = false;
+bool rescan_in_this_transaction = false;
 bool inbox_in_this_transaction = false;
 
 // Runs after the commit is visible to other transactions (after
@@ -20,6 +21,12 @@ void on_xact_event(XactEvent event, void *) {
     switch (event) {
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
+            // The rows are visible now: the relay's mark may pass them.
+            outbox_writer_done();
+            if (rescan_in_this_transaction) {
+                rescan_in_this_transaction = false;
+                outbox_relay_rescan_from(MyDatabaseId, 0);
+            }
             if (wrote_in_this_transaction) {
                 wrote_in_this_transaction = false;
                 outbox_wake(OUTBOX_ROLE_RELAY, MyDatabaseId);
@@ -31,8 +38,10 @@ void on_xact_event(XactEvent event, void *) {
             break;
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
-        case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere: the poll finds it
+        case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere: the straggler scan finds it
+            outbox_writer_done();
             wrote_in_this_transaction = false;
+            rescan_in_this_transaction = false;
             inbox_in_this_transaction = false;
             break;
         default:
@@ -45,5 +54,10 @@ void on_xact_event(XactEvent event, void *) {
 void outbox_wakeup_init(void) { RegisterXactCallback(on_xact_event, nullptr); }
 
 void outbox_wakeup_note_write(void) { wrote_in_this_transaction = true; }
+
+void outbox_wakeup_note_rescan(void) {
+    rescan_in_this_transaction = true;
+    wrote_in_this_transaction = true;
+}
 
 void outbox_wakeup_note_inbox(void) { inbox_in_this_transaction = true; }

@@ -3,48 +3,194 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "outbox/shmem.h"
+#include "outbox/guc.h"
+#include "outbox/workers.h"
 
 extern "C" {
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/xact.h"
-#include "utils/resowner.h"
+#include "catalog/pg_extension.h"
 #include "executor/spi.h"
 #include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
 }
 
-void outbox_worker_begin(const char *activity) {
+namespace {
+
+char *user_search_path = nullptr;
+
+// The session settings every worker's own statements run with, set as a
+// session's SET would (so they win over ALTER DATABASE / ALTER ROLE ...
+// SET): nothing a database owner configures may redirect a name, make a
+// claim fail or wait, or turn the relay's transactions into something else.
+const struct {
+    const char *name;
+    const char *value;
+} kPinned[] = {
+    // Every name our statements use is schema-qualified or in pg_catalog;
+    // pg_catalog first means an operator or function of another schema can
+    // never be chosen (CVE-2018-1058).  pg_temp is never searched for
+    // functions or operators.
+    {"search_path", "pg_catalog, pg_temp"},
+    {"statement_timeout", "0"},
+    {"lock_timeout", "0"},
+    {"idle_in_transaction_session_timeout", "0"},
+    {"default_transaction_isolation", "read committed"},
+    {"default_transaction_read_only", "off"},
+    {"default_transaction_deferrable", "off"},
+    {"session_replication_role", "origin"},
+    {"row_security", "on"},
+    {"plan_cache_mode", "auto"},
+    {"max_parallel_workers_per_gather", "0"},
+    // A JIT compilation in a claim would cost more than the claim.
+    {"jit", "off"},
+};
+
+void pin_session_settings() {
+    for (const auto &p : kPinned)
+        SetConfigOption(p.name, p.value, PGC_SUSET, PGC_S_SESSION);
+}
+
+int parse_version(const char *v) {
+    int major = 0, minor = 0;
+    if (sscanf(v, "%d.%d", &major, &minor) < 1) return 0;
+    return major * 100 + minor * 10;
+}
+
+void say_schema(OutboxWorker *w) {
+    int need = w->kind->needs_schema;
+    int state = w->schema == 0 ? 0 : w->schema < need ? 1 : 2;
+    if (state == w->said_schema) return;
+    if (state == 0)
+        ereport(LOG, (errmsg("%s: waiting for CREATE EXTENSION outbox in database \"%s\"",
+                             w->label, w->dbname)));
+    else if (state == 1)
+        ereport(LOG,
+                (errmsg("%s: waiting for ALTER EXTENSION outbox UPDATE in database \"%s\"",
+                        w->label, w->dbname),
+                 errdetail("The extension's objects here are version %d.%d; this worker needs "
+                           "%d.%d.",
+                           w->schema / 100, w->schema % 100 / 10, need / 100, need % 100 / 10)));
+    else if (w->said_schema >= 0)
+        ereport(LOG, (errmsg("%s: the extension is ready in database \"%s\"", w->label,
+                             w->dbname)));
+    w->said_schema = state;
+}
+
+}  // namespace
+
+namespace {
+
+// Reads the extension's row of pg_extension: its version and owner.
+void read_extension(int *version, Oid *owner) {
+    *version = 0;
+    *owner = InvalidOid;
+    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
+    ScanKeyData key;
+    ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
+                CStringGetDatum("outbox"));
+    SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
+    HeapTuple tuple = systable_getnext(scan);
+    if (HeapTupleIsValid(tuple)) {
+        auto *ext = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tuple));
+        *owner = ext->extowner;
+        bool isnull;
+        Datum d = heap_getattr(tuple, Anum_pg_extension_extversion, RelationGetDescr(rel), &isnull);
+        if (!isnull) *version = parse_version(TextDatumGetCString(d));
+    }
+    systable_endscan(scan);
+    table_close(rel, AccessShareLock);
+}
+
+}  // namespace
+
+int outbox_schema_version(void) {
+    int version;
+    Oid owner;
+    read_extension(&version, &owner);
+    return version;
+}
+
+Oid outbox_extension_owner(void) {
+    int version;
+    Oid owner;
+    read_extension(&version, &owner);
+    return owner;
+}
+
+char *outbox_keep_string(char *old, const char *value) {
+    if (old) pfree(old);
+    return MemoryContextStrdup(TopMemoryContext, value ? value : "");
+}
+
+const char *outbox_worker_user_search_path(void) {
+    return user_search_path ? user_search_path : "\"$user\", public";
+}
+
+bool outbox_worker_begin(OutboxWorker *w, const char *activity) {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
     SPI_connect();
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, activity);
+    w->schema = outbox_schema_version();
+    say_schema(w);
+    if (w->schema >= w->kind->needs_schema) return true;
+    outbox_worker_commit(w);
+    return false;
 }
 
-void outbox_worker_commit(MemoryContext context) {
+void outbox_worker_commit(OutboxWorker *w) {
     SPI_finish();
     PopActiveSnapshot();
     CommitTransactionCommand();
-    MemoryContextSwitchTo(context);
+    MemoryContextSwitchTo(w->turn_context);
     pgstat_report_stat(false);
     pgstat_report_activity(STATE_IDLE, nullptr);
 }
 
-void outbox_worker_recover(MemoryContext context) {
-    HOLD_INTERRUPTS();
-    MemoryContextSwitchTo(context);
-    ErrorData *edata = CopyErrorData();
-    outbox_stats_error(edata->message);
-    FreeErrorData(edata);
-    EmitErrorReport();
-    AbortCurrentTransaction();
-    FlushErrorState();
-    MemoryContextSwitchTo(context);
-    pgstat_report_activity(STATE_IDLE, nullptr);
-    RESUME_INTERRUPTS();
+void outbox_worker_wait(OutboxWorker *w, long timeout_ms) {
+    WaitEvent events[3];
+    int n = WaitEventSetWait(w->wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
+    for (int i = 0; i < n; i++) {
+        if (events[i].events & WL_LATCH_SET) {
+            ResetLatch(MyLatch);
+            w->woken = true;
+        }
+        if ((events[i].events & WL_SOCKET_READABLE) && w->wake_pipe[0] >= 0) {
+            char buf[64];
+            while (read(w->wake_pipe[0], buf, sizeof buf) > 0) {
+            }
+        }
+    }
+    CHECK_FOR_INTERRUPTS();
+}
+
+void outbox_worker_emit_log_lines(OutboxWorker *w, const outbox::kafka::LogBuffer &log) {
+    for (std::size_t i = 0; i < log.count(); i++) {
+        int level = log.level(i) == outbox::kafka::LogLevel::Warning ? WARNING
+                    : log.level(i) == outbox::kafka::LogLevel::Info  ? LOG
+                                                                     : DEBUG1;
+        ereport(level, (errmsg("%s: %s", w->label, log.text(i))));
+    }
+}
+
+void outbox_worker_emit_log(OutboxWorker *w, outbox::kafka::LogBuffer &log) {
+    outbox_worker_emit_log_lines(w, log);
+    log.clear();
 }
 
 bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error) {
@@ -62,8 +208,8 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error) {
     }
     PG_CATCH();
     {
-        // Aborting the subtransaction also restores the user id it began
-        // with, should fn have switched it.
+        // Aborting the subtransaction also restores the user id, the
+        // security context and the settings it began with.
         MemoryContextSwitchTo(cxt);
         ErrorData *edata = CopyErrorData();
         FlushErrorState();
@@ -78,38 +224,76 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error) {
     return ok;
 }
 
-WaitEventSet *outbox_worker_wait_set(int pipe_fd) {
+void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, kind->stops_at_once ? die : SignalHandlerForShutdownRequest);
+    BackgroundWorkerUnblockSignals();
+
+    auto *w = static_cast<OutboxWorker *>(MemoryContextAllocZero(TopMemoryContext,
+                                                                 sizeof(OutboxWorker)));
+    w->kind = kind;
+    w->slot = DatumGetInt32(main_arg);
+    OutboxWorkerRole role;
+    outbox_slot_identity(w->slot, &role, &w->database_index, &w->share);
+    w->shares = outbox_shares(role);
+    w->dbname = outbox_database_name(w->database_index);
+    w->wake_pipe[0] = w->wake_pipe[1] = -1;
+    w->said_schema = -1;
+    // Relays are numbered even alone ("pg outbox relay 1 [app]"), as
+    // outbox.worker_stats numbers them.
+    if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
+        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", kind->name, w->share + 1,
+                 w->dbname);
+    else
+        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", kind->name, w->dbname);
+
+    BackgroundWorkerInitializeConnection(w->dbname, nullptr, 0);
+    // What user code gets: the path a session of this database starts with.
+    user_search_path = MemoryContextStrdup(
+        TopMemoryContext, GetConfigOption("search_path", false, false));
+    pin_session_settings();
+    char appname[64];
+    snprintf(appname, sizeof appname, "pg outbox %s", kind->name);
+    pgstat_report_appname(appname);
+    outbox_slot_attach(w->slot, role, w->share, MyDatabaseId);
+
 #if PG_VERSION_NUM >= 170000
-    WaitEventSet *set = CreateWaitEventSet(nullptr, 3);
+    w->wait_set = CreateWaitEventSet(nullptr, 3);
 #else
-    WaitEventSet *set = CreateWaitEventSet(TopMemoryContext, 3);
+    w->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 #endif
-    AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
-    AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
-    if (pipe_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, pipe_fd, nullptr, nullptr);
-    return set;
-}
-
-bool outbox_worker_wait(WaitEventSet *set, int pipe_fd, long timeout_ms) {
-    WaitEvent events[3];
-    bool latch = false;
-    int n = WaitEventSetWait(set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
-    for (int i = 0; i < n; i++) {
-        if (events[i].events & WL_LATCH_SET) {
-            ResetLatch(MyLatch);
-            latch = true;
-        }
-        if ((events[i].events & WL_SOCKET_READABLE) && pipe_fd >= 0) {
-            char buf[64];
-            while (read(pipe_fd, buf, sizeof buf) > 0) {
-            }
-        }
+    AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+    AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    if (kind->kafka_pipe) {
+        if (pipe2(w->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
+            ereport(FATAL, (errmsg("%s: could not create a pipe: %m", w->label)));
+        AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr, nullptr);
     }
-    CHECK_FOR_INTERRUPTS();
-    return latch;
-}
+    w->turn_context = AllocSetContextCreate(TopMemoryContext, "pg outbox worker turn",
+                                            ALLOCSET_DEFAULT_SIZES);
 
-void outbox_worker_pipe(int fds[2], const char *label) {
-    if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0)
-        ereport(FATAL, (errmsg("%s: could not create a pipe: %m", label)));
+    if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
+        ereport(LOG, (errmsg("%s started (share %d of %d)", w->label, w->share + 1, w->shares)));
+    else
+        ereport(LOG, (errmsg("%s started", w->label)));
+    if (kind->start) kind->start(w);
+
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        if (ShutdownRequestPending) break;
+        if (ConfigReloadPending) {
+            ConfigReloadPending = false;
+            ProcessConfigFile(PGC_SIGHUP);
+            if (kind->reload) kind->reload(w);
+        }
+        MemoryContextReset(w->turn_context);
+        MemoryContextSwitchTo(w->turn_context);
+        long sleep_ms = kind->turn(w);
+        if (sleep_ms != 0 && !ShutdownRequestPending) outbox_worker_wait(w, sleep_ms);
+    }
+
+    if (kind->stop) kind->stop(w);
+    ereport(LOG, (errmsg("%s stopped", w->label)));
+    // Not 0: the postmaster starts a worker that exits 0 never again.
+    proc_exit(1);
 }

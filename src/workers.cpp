@@ -1,9 +1,14 @@
+#include <string>
+#include <vector>
+
+#include "outbox/common/list.h"
+
 #include "outbox/workers.h"
 
 #include "outbox/guc.h"
-#include "outbox/shmem.h"
 
 extern "C" {
+#include "commands/dbcommands.h"
 #include "postmaster/bgworker.h"
 }
 
@@ -12,70 +17,85 @@ namespace {
 char databases[kOutboxMaxDatabases][NAMEDATALEN];
 int ndatabases = -1;
 
-void load_databases() {
-    if (ndatabases >= 0) return;
-    const char *why = nullptr;
-    int n = 0;
-    // The GUC check hook has validated the value already.
-    if (!outbox_parse_database_list(outbox_database ? outbox_database : "", databases, &n, &why))
-        n = 0;
-    ndatabases = n;
+// Parses outbox.database once (its check hook has validated it).
+bool parse_databases(const char *value) noexcept {
+    try {
+        std::vector<std::string> names;
+        std::string error;
+        if (!outbox::parse_name_list(value, kOutboxMaxDatabases, NAMEDATALEN - 1, names, error))
+            return false;
+        for (std::size_t i = 0; i < names.size(); i++)
+            strlcpy(databases[i], names[i].c_str(), NAMEDATALEN);
+        ndatabases = static_cast<int>(names.size());
+        return true;
+    } catch (...) {
+        return false;
+    }
 }
 
-void register_one(const char *type, const char *function, int slot, const char *dbname) {
+void load_databases() {
+    if (ndatabases >= 0) return;
+    if (!parse_databases(outbox_database ? outbox_database : "")) ndatabases = 0;
+}
+
+int per_database() {
+    return outbox_workers + 1 + (outbox_inbox ? 1 + outbox_inbox_workers : 0);
+}
+
+// Offset of each role's first slot within a database's block.
+int role_offset(OutboxWorkerRole role) {
+    switch (role) {
+        case OUTBOX_ROLE_RELAY: return 0;
+        case OUTBOX_ROLE_MAINTENANCE: return outbox_workers;
+        case OUTBOX_ROLE_INBOX_CONSUMER: return outbox_workers + 1;
+        case OUTBOX_ROLE_INBOX_HANDLER: return outbox_workers + 2;
+    }
+    return 0;
+}
+
+const char *role_type(OutboxWorkerRole role) {
+    switch (role) {
+        case OUTBOX_ROLE_RELAY: return "pg outbox relay";
+        case OUTBOX_ROLE_MAINTENANCE: return "pg outbox maintenance";
+        case OUTBOX_ROLE_INBOX_CONSUMER: return "pg outbox inbox consumer";
+        case OUTBOX_ROLE_INBOX_HANDLER: return "pg outbox inbox handler";
+    }
+    return "pg outbox";
+}
+
+const char *role_function(OutboxWorkerRole role) {
+    switch (role) {
+        case OUTBOX_ROLE_RELAY: return "outbox_relay_main";
+        case OUTBOX_ROLE_MAINTENANCE: return "outbox_maintenance_main";
+        case OUTBOX_ROLE_INBOX_CONSUMER: return "outbox_inbox_consumer_main";
+        case OUTBOX_ROLE_INBOX_HANDLER: return "outbox_inbox_handler_main";
+    }
+    return "";
+}
+
+void register_one(OutboxWorkerRole role, int d, int share) {
     BackgroundWorker worker;
     memset(&worker, 0, sizeof worker);
-    snprintf(worker.bgw_name, BGW_MAXLEN, "%s for database %s", type, dbname);
-    snprintf(worker.bgw_type, BGW_MAXLEN, "%s", type);
+    if (outbox_shares(role) > 1)
+        snprintf(worker.bgw_name, BGW_MAXLEN, "%s %d for database %s", role_type(role), share + 1,
+                 outbox_database_name(d));
+    else
+        snprintf(worker.bgw_name, BGW_MAXLEN, "%s for database %s", role_type(role),
+                 outbox_database_name(d));
+    snprintf(worker.bgw_type, BGW_MAXLEN, "%s", role_type(role));
     worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
     // Only on a primary: on a standby the workers start after promotion.
     worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-    worker.bgw_restart_time = 5;
+    // A worker that ends (an ERROR, pg_terminate_backend, a crash) is back
+    // this many seconds later.
+    worker.bgw_restart_time = 2;
     snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-    snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", function);
-    worker.bgw_main_arg = Int32GetDatum(slot);
+    snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", role_function(role));
+    worker.bgw_main_arg = Int32GetDatum(outbox_slot_of(role, d, share));
     RegisterBackgroundWorker(&worker);
 }
 
 }  // namespace
-
-bool outbox_parse_database_list(const char *value, char names[][NAMEDATALEN], int *count,
-                                const char **why) {
-    int n = 0;
-    const char *p = value;
-    for (;;) {
-        while (*p == ' ' || *p == '\t') p++;
-        const char *start = p;
-        while (*p && *p != ',') p++;
-        const char *end = p;
-        while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
-        std::size_t len = static_cast<std::size_t>(end - start);
-        if (len == 0) {
-            *why = "a database name in the list is empty";
-            return false;
-        }
-        if (len >= NAMEDATALEN) {
-            *why = "a database name is longer than 63 bytes";
-            return false;
-        }
-        if (n == kOutboxMaxDatabases) {
-            *why = "at most 16 databases can be listed";
-            return false;
-        }
-        memcpy(names[n], start, len);
-        names[n][len] = '\0';
-        for (int i = 0; i < n; i++)
-            if (strcmp(names[i], names[n]) == 0) {
-                *why = "a database is listed twice";
-                return false;
-            }
-        n++;
-        if (*p == '\0') break;
-        p++;  // the comma
-    }
-    *count = n;
-    return true;
-}
 
 int outbox_database_count(void) {
     load_databases();
@@ -87,41 +107,54 @@ const char *outbox_database_name(int index) {
     return index >= 0 && index < ndatabases ? databases[index] : "";
 }
 
-int outbox_relay_slot(int database_index, int share) {
-    return database_index * outbox_workers + share;
+int outbox_shares(OutboxWorkerRole role) {
+    switch (role) {
+        case OUTBOX_ROLE_RELAY: return outbox_workers;
+        case OUTBOX_ROLE_INBOX_HANDLER: return outbox_inbox_workers;
+        default: return 1;
+    }
 }
 
-int outbox_maintenance_slot(int database_index) {
-    return outbox_database_count() * outbox_workers + database_index;
+int outbox_slot_of(OutboxWorkerRole role, int database_index, int share) {
+    return database_index * per_database() + role_offset(role) + share;
 }
 
-int outbox_inbox_consumer_slot(int database_index) {
-    return outbox_database_count() * (outbox_workers + 1) + database_index;
+void outbox_slot_identity(int slot, OutboxWorkerRole *role, int *database_index, int *share) {
+    *database_index = slot / per_database();
+    int offset = slot % per_database();
+    const OutboxWorkerRole roles[] = {OUTBOX_ROLE_INBOX_HANDLER, OUTBOX_ROLE_INBOX_CONSUMER,
+                                      OUTBOX_ROLE_MAINTENANCE, OUTBOX_ROLE_RELAY};
+    for (OutboxWorkerRole r : roles) {
+        if (!outbox_inbox && (r == OUTBOX_ROLE_INBOX_HANDLER || r == OUTBOX_ROLE_INBOX_CONSUMER))
+            continue;
+        if (offset >= role_offset(r)) {
+            *role = r;
+            *share = offset - role_offset(r);
+            return;
+        }
+    }
+    *role = OUTBOX_ROLE_RELAY;
+    *share = 0;
 }
 
-int outbox_inbox_handler_slot(int database_index) {
-    return outbox_database_count() * (outbox_workers + 2) + database_index;
-}
-
-void outbox_relay_of_slot(int slot, int *database_index, int *share) {
-    *database_index = slot / outbox_workers;
-    *share = slot % outbox_workers;
-}
-
-int outbox_slot_count(void) { return outbox_database_count() * (outbox_workers + 3); }
+int outbox_slot_count(void) { return outbox_database_count() * per_database(); }
 
 void outbox_register_workers(void) {
     for (int d = 0; d < outbox_database_count(); d++) {
-        for (int w = 0; w < outbox_workers; w++)
-            register_one("pg outbox relay", "outbox_relay_main", outbox_relay_slot(d, w),
-                         outbox_database_name(d));
-        register_one("pg outbox maintenance", "outbox_maintenance_main",
-                     outbox_maintenance_slot(d), outbox_database_name(d));
+        for (int w = 0; w < outbox_workers; w++) register_one(OUTBOX_ROLE_RELAY, d, w);
+        register_one(OUTBOX_ROLE_MAINTENANCE, d, 0);
         if (outbox_inbox) {
-            register_one("pg outbox inbox consumer", "outbox_inbox_consumer_main",
-                         outbox_inbox_consumer_slot(d), outbox_database_name(d));
-            register_one("pg outbox inbox handler", "outbox_inbox_handler_main",
-                         outbox_inbox_handler_slot(d), outbox_database_name(d));
+            register_one(OUTBOX_ROLE_INBOX_CONSUMER, d, 0);
+            for (int h = 0; h < outbox_inbox_workers; h++)
+                register_one(OUTBOX_ROLE_INBOX_HANDLER, d, h);
         }
     }
+}
+
+bool outbox_serves_this_database(void) {
+    if (!outbox_preloaded) return false;
+    const char *name = get_database_name(MyDatabaseId);
+    for (int d = 0; name && d < outbox_database_count(); d++)
+        if (strcmp(outbox_database_name(d), name) == 0) return true;
+    return false;
 }

@@ -7,6 +7,7 @@ extern "C" {
 extern char *outbox_database;
 extern char *outbox_brokers;
 extern char *outbox_kafka_config;
+extern char *outbox_kafka_config_file;
 extern int outbox_batch_size;
 extern int outbox_poll_interval_ms;
 extern int outbox_batch_timeout_ms;
@@ -14,10 +15,17 @@ extern int outbox_workers;
 extern int outbox_max_attempts;
 extern bool outbox_synchronous_commit;
 extern int outbox_retention_s;
+extern int outbox_max_message_bytes;
+extern char *outbox_default_headers;
 extern bool outbox_inbox;
 extern char *outbox_inbox_topics;
 extern char *outbox_inbox_group;
+extern int outbox_inbox_workers;
 }
+
+// True in every process of a server started with shared_preload_libraries
+// = 'outbox' (set by _PG_init in the postmaster, inherited by its children).
+extern bool outbox_preloaded;
 
 // Defines every outbox.* GUC and reserves the prefix.  Called from _PG_init.
 void outbox_define_gucs(void);

@@ -45,6 +45,40 @@ void outbox_stats_set_in_flight(uint64 in_flight);
 void outbox_stats_set_broker_state(OutboxBrokerState state);
 void outbox_stats_error(const char *text);
 
+// ---- the relay's low-water mark ----
+//
+// A relay claims from a low-water mark: every row below it is published or
+// parked, so the claim never walks the dead index entries that a long
+// snapshot (pg_dump, a report) keeps there.  What may still appear below
+// the mark: rows of transactions that have not committed yet.  Every
+// backend that writes through outbox.write*() says so here before its
+// first insert of a transaction (outbox_writer_allocating) and gives its
+// lowest id right after (outbox_writer_wrote); the commit callback clears
+// it.  The relay keeps its mark at or below every such id.  Rows inserted
+// any other way (COPY, a direct INSERT, COMMIT PREPARED) are found by the
+// maintenance worker's straggler scan, which lowers the mark again
+// (outbox_relay_rescan_from), as outbox.retry() and outbox.replay() do.
+
+// Before this transaction's first outbox insert.
+void outbox_writer_allocating(void);
+// After each insert: `id` is the row's id.
+void outbox_writer_wrote(int64 id);
+// At the end of the transaction (commit, abort, prepare).
+void outbox_writer_done(void);
+// The lowest id of an uncommitted outbox insert in `database`, or
+// PG_INT64_MAX; *unsure when a writer is between announcing and inserting.
+int64 outbox_writers_lowest(Oid database, bool *unsure);
+
+// Lowers the low-water mark of every relay of `database` to `id` (0: back
+// to the start); the relays apply it at their next claim.
+void outbox_relay_rescan_from(Oid database, int64 id);
+// For a relay: the lowest rescan point asked since the last call, or
+// PG_INT64_MAX.
+int64 outbox_relay_take_rescan(void);
+// A relay publishes its mark; the straggler scan looks below the lowest.
+void outbox_relay_set_low_water(int64 low_water);
+int64 outbox_relays_lowest_low_water(Oid database);
+
 // One slot's counters, copied out under its lock.
 struct OutboxSlotStats {
     int role;

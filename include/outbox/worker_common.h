@@ -1,39 +1,114 @@
-// What every background worker of the extension does the same way: its
-// transactions, recovering from an ERROR, sleeping on its latch and a
-// librdkafka wake-up pipe.
+// The one life-cycle of every background worker of the extension (relay,
+// maintenance, inbox consumer, inbox handler).  A worker kind supplies its
+// turn; the skeleton does the rest, the same way for all four:
+//
+//   start    signals, the database of its slot, the session settings its own
+//            statements need (search_path = pg_catalog, pg_temp and the rest,
+//            whatever a database or role setting says), its label and
+//            application name, its shared memory slot, a wake-up pipe for
+//            librdkafka when it talks to Kafka;
+//   loop     a reload point (SIGHUP), then one turn in a memory context reset
+//            each time, then a sleep on the latch, the pipe and postmaster
+//            death for as long as the turn asked;
+//   errors   none is caught here: an ERROR ends the process (a background
+//            worker's ERROR is FATAL) and the postmaster starts it again after
+//            bgw_restart_time.  Nothing depends on cleanup running: what was
+//            not committed stays pending and is done again;
+//   SIGTERM  the worker exits with code 1, so that the postmaster starts it
+//            again (pg_terminate_backend, a DBA's script) unless the server is
+//            stopping.  A worker that runs user code (the inbox handler)
+//            stops at once: SIGTERM is Postgres' `die`, so the handler's
+//            statement is cancelled like a backend's.  The others finish
+//            their turn first (bounded by outbox.batch_timeout), so that a
+//            clean stop sends nothing twice.
 #pragma once
 
+#include "outbox/kafka/client.h"
+
 #include "outbox/pg.h"
+#include "outbox/shmem.h"
 
 extern "C" {
 #include "storage/latch.h"
 }
 
+// Schema versions as outbox_schema_version() gives them: 100 for 1.0, 110
+// for 1.1, 120 for 1.2; 0 when the extension is not installed.
+inline constexpr int kOutboxSchema10 = 100;
+inline constexpr int kOutboxSchema11 = 110;
+inline constexpr int kOutboxSchema12 = 120;
+
+struct OutboxWorker;
+
+struct OutboxWorkerKind {
+    OutboxWorkerRole role;
+    const char *name;   // "relay": the process is "pg outbox relay" in pg_stat_activity
+    bool stops_at_once; // runs user code: SIGTERM cancels the turn
+    bool kafka_pipe;    // talks to Kafka: a pipe librdkafka writes to
+    int needs_schema;   // the oldest schema version its statements work with
+    void (*start)(OutboxWorker *w);   // once connected; may be nullptr
+    // One turn; returns how long to sleep after it, in ms: 0 goes again at
+    // once, -1 sleeps until woken.
+    long (*turn)(OutboxWorker *w);
+    void (*reload)(OutboxWorker *w);  // after SIGHUP reloaded the settings; may be nullptr
+    void (*stop)(OutboxWorker *w);    // after SIGTERM, before exiting; may be nullptr
+};
+
+struct OutboxWorker {
+    const OutboxWorkerKind *kind;
+    int slot;
+    int database_index;
+    int share;   // this worker's share of the keys (relay, inbox handler), else 0
+    int shares;  // workers of this kind in the database
+    const char *dbname;
+    char label[NAMEDATALEN + 48];  // "pg outbox relay 2 [app]", for log lines
+    MemoryContext turn_context;    // reset before every turn
+    WaitEventSet *wait_set;
+    int wake_pipe[2];   // librdkafka writes here when it has something; -1 without Kafka
+    bool woken;         // the latch was set since the kind last cleared this
+    int schema;         // the schema version the last outbox_worker_begin() saw
+    int said_schema;    // the schema state last logged, to say each once
+    void *state;        // the kind's own
+};
+
+// The main function of a worker of `kind`: never returns.
+[[noreturn]] void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg);
+
 // Starts a transaction with SPI connected and a snapshot, reporting
-// `activity` in pg_stat_activity.
-void outbox_worker_begin(const char *activity);
+// `activity` in pg_stat_activity, and checks that the extension here is at
+// least the schema version the kind needs.  When it is not, ends the
+// transaction, says so in the log (once per change) and returns false.
+bool outbox_worker_begin(OutboxWorker *w, const char *activity);
 
-// Commits it and switches back to `context` (commit leaves
-// TopMemoryContext current).
-void outbox_worker_commit(MemoryContext context);
+// Commits it; the turn's memory context is current again.
+void outbox_worker_commit(OutboxWorker *w);
 
-// The recovery a backend does for a failed command, for a worker's
-// PG_CATCH block: the error goes to the log and the worker's stats slot,
-// the transaction is aborted, the error state flushed; `context` current.
-void outbox_worker_recover(MemoryContext context);
+// Sleeps up to timeout_ms (-1: no limit) on the latch, the wake-up pipe and
+// postmaster death (the worker exits).  Sets w->woken when the latch was set.
+void outbox_worker_wait(OutboxWorker *w, long timeout_ms);
 
-// A wait set of the latch, postmaster death (the worker exits) and, when
-// pipe_fd >= 0, the read end of a wake-up pipe.
-WaitEventSet *outbox_worker_wait_set(int pipe_fd);
-
-// Sleeps on `set` up to timeout_ms (-1: no limit).  Resets the latch and
-// empties the pipe; returns true when the latch was set.
-bool outbox_worker_wait(WaitEventSet *set, int pipe_fd, long timeout_ms);
+// Writes librdkafka's and the client's lines to the server log, prefixed
+// with the worker's label, and empties the buffer.
+void outbox_worker_emit_log(OutboxWorker *w, outbox::kafka::LogBuffer &log);
+void outbox_worker_emit_log_lines(OutboxWorker *w, const outbox::kafka::LogBuffer &log);
 
 // Runs fn(arg) in a subtransaction of the current transaction (with SPI
 // connected).  On an ERROR only the subtransaction is rolled back: returns
 // false with the error's message, palloc'd, in *error.
 bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error);
 
-// A non-blocking pipe for librdkafka's wake-ups; FATAL when none can be had.
-void outbox_worker_pipe(int fds[2], const char *label);
+// The search_path a session of this database starts with (its ALTER
+// DATABASE setting, else postgresql.conf's): what user code (handlers) runs
+// with.  The worker's own statements never use it.
+const char *outbox_worker_user_search_path(void);
+
+// The schema version of the extension in this database (see above).  Inside
+// a transaction.
+int outbox_schema_version(void);
+
+// The role that owns the extension here (InvalidOid when not installed).
+// Inside a transaction.
+Oid outbox_extension_owner(void);
+
+// A copy of `value` in TopMemoryContext, freeing `old`.
+char *outbox_keep_string(char *old, const char *value);

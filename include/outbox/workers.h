@@ -1,15 +1,15 @@
 // Which background workers the configuration asks for, and where each one's
-// shared memory slot is.  Fixed at server start (outbox.database and
-// outbox.workers are restart-only).
+// shared memory slot is.  Fixed at server start (outbox.database,
+// outbox.workers, outbox.inbox and outbox.inbox_workers are restart-only).
 //
-// Per database d of outbox.database (in the order listed):
-//   relay share w   slot d * outbox.workers + w
-//   maintenance     slot ndb * outbox.workers + d
-//   inbox consumer  slot ndb * (outbox.workers + 1) + d        (outbox.inbox = on)
-//   inbox handler   slot ndb * (outbox.workers + 2) + d        (outbox.inbox = on)
+// The slots of database d (in the order outbox.database lists them) form
+// one block:  relay shares 0..W-1, the maintenance worker, then with the
+// inbox the consumer and the handler shares 0..H-1 (W = outbox.workers,
+// H = outbox.inbox_workers).  A worker's slot is its bgw_main_arg.
 #pragma once
 
 #include "outbox/pg.h"
+#include "outbox/shmem.h"
 
 inline constexpr int kOutboxMaxDatabases = 16;
 
@@ -17,18 +17,23 @@ inline constexpr int kOutboxMaxDatabases = 16;
 int outbox_database_count(void);
 const char *outbox_database_name(int index);
 
-int outbox_relay_slot(int database_index, int share);
-int outbox_maintenance_slot(int database_index);
-int outbox_inbox_consumer_slot(int database_index);
-int outbox_inbox_handler_slot(int database_index);
+// The slot of a worker, and back.
+int outbox_slot_of(OutboxWorkerRole role, int database_index, int share);
+void outbox_slot_identity(int slot, OutboxWorkerRole *role, int *database_index, int *share);
 
-// For a relay's slot: its database index and key share.
-void outbox_relay_of_slot(int slot, int *database_index, int *share);
-
-// Parses an outbox.database value; false with a sentence in `why` when it
-// is not a comma-separated list of 1..16 distinct database names.
-bool outbox_parse_database_list(const char *value, char names[][NAMEDATALEN], int *count,
-                                const char **why);
+// Workers of `role` per database.
+int outbox_shares(OutboxWorkerRole role);
 
 // Registers every worker (from _PG_init while preloading).
 void outbox_register_workers(void);
+
+// Whether the workers serve the current database (the library is preloaded
+// and outbox.database lists it).
+bool outbox_serves_this_database(void);
+
+extern "C" {
+PGDLLEXPORT void outbox_relay_main(Datum main_arg);
+PGDLLEXPORT void outbox_maintenance_main(Datum main_arg);
+PGDLLEXPORT void outbox_inbox_consumer_main(Datum main_arg);
+PGDLLEXPORT void outbox_inbox_handler_main(Datum main_arg);
+}

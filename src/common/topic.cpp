@@ -1,5 +1,5 @@
 #include "outbox/pure_tu.h"
-#include "outbox/topic.h"
+#include "outbox/common/topic.h"
 
 namespace outbox {
 

@@ -3,8 +3,13 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include <sys/stat.h>
+#include <cerrno>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 namespace outbox::kafka {
@@ -51,6 +56,40 @@ const char *forbidden(const Property &p) {
     return nullptr;
 }
 
+// librdkafka's message about a refused value, with the value itself taken
+// out (it may quote it).
+std::string without_value(std::string text, const std::string &value) {
+    if (value.size() < 2) return text;
+    for (std::size_t at; (at = text.find(value)) != std::string::npos;)
+        text.replace(at, value.size(), "(value not shown)");
+    return text;
+}
+
+// The checks shared by outbox.kafka_config and the secrets file: rules,
+// then librdkafka's own validation.  `error` names the property only.
+bool check_one(rd_kafka_conf_t *conf, const Property &p, std::string &error) {
+    if (const char *why = forbidden(p)) {
+        error = why;
+        return false;
+    }
+    char rk_err[512];
+    if (rd_kafka_conf_set(conf, p.name.c_str(), p.value.c_str(), rk_err, sizeof rk_err) !=
+        RD_KAFKA_CONF_OK) {
+        // librdkafka names the canonical property, which may be an alias of
+        // what the user wrote: say both.
+        error = "\"" + p.name + "\": " + without_value(rk_err, p.value);
+        return false;
+    }
+    return true;
+}
+
+std::string trim(const std::string &s) {
+    std::size_t b = 0, e = s.size();
+    while (b < e && is_space(s[b])) ++b;
+    while (e > b && is_space(s[e - 1])) --e;
+    return s.substr(b, e - b);
+}
+
 }  // namespace
 
 bool parse_properties(std::string_view text, std::vector<Property> &out,
@@ -69,8 +108,9 @@ bool parse_properties(std::string_view text, std::vector<Property> &out,
                 return true;
             }
             if (!in_value) {
-                error = "segment " + std::to_string(segment) + " (\"" + name.finish() +
-                        "\") has no '=': expected name=value";
+                // Not the segment's text: it may be a password that lost its name.
+                name.finish();
+                error = "segment " + std::to_string(segment) + " has no '=': expected name=value";
                 return false;
             }
             Property p{name.finish(), value.finish()};
@@ -153,6 +193,24 @@ bool is_consumer_only_property(const std::string &name) noexcept {
     return false;
 }
 
+bool same_properties(const std::vector<Property> &a, const std::vector<Property> &b) noexcept {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); i++)
+        if (a[i].name != b[i].name || a[i].value != b[i].value) return false;
+    return true;
+}
+
+bool is_secret_property(const std::string &name) noexcept {
+    // Every librdkafka property holding a password or a secret has one of
+    // these words in its name; the rest hold key material or may embed one.
+    if (name.find("password") != std::string::npos || name.find("secret") != std::string::npos)
+        return true;
+    static const char *const names[] = {"ssl.key.pem", "ssl_key", "sasl.oauthbearer.config"};
+    for (const char *n : names)
+        if (name == n) return true;
+    return false;
+}
+
 bool check_properties(std::string_view text, char *errbuf, std::size_t errlen) noexcept {
     try {
         std::vector<Property> props;
@@ -164,23 +222,85 @@ bool check_properties(std::string_view text, char *errbuf, std::size_t errlen) n
         std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf(rd_kafka_conf_new(),
                                                                            rd_kafka_conf_destroy);
         for (const Property &p : props) {
-            if (const char *why = forbidden(p)) {
-                std::snprintf(errbuf, errlen, "%s", why);
+            if (is_secret_property(p.name)) {
+                std::snprintf(errbuf, errlen,
+                              "\"%s\" holds a secret, and any member of pg_read_all_settings "
+                              "can read outbox.kafka_config: put it in the file named by "
+                              "outbox.kafka_config_file",
+                              p.name.c_str());
                 return false;
             }
-            char rk_err[512];
-            if (rd_kafka_conf_set(conf.get(), p.name.c_str(), p.value.c_str(), rk_err,
-                                  sizeof rk_err) != RD_KAFKA_CONF_OK) {
-                // librdkafka names the canonical property, which may be an
-                // alias of what the user wrote: say both.
-                std::snprintf(errbuf, errlen, "%s=%s: %s", p.name.c_str(), p.value.c_str(),
-                              rk_err);
+            if (!check_one(conf.get(), p, error)) {
+                std::snprintf(errbuf, errlen, "%s", error.c_str());
                 return false;
             }
         }
         return true;
     } catch (const std::exception &e) {
         std::snprintf(errbuf, errlen, "%s", e.what());
+        return false;
+    }
+}
+
+bool load_properties_file(const std::string &path, std::vector<Property> &out,
+                          std::string &error) noexcept {
+    try {
+        out.clear();
+        const std::string where = "outbox.kafka_config_file \"" + path + "\"";
+        struct stat st;
+        if (stat(path.c_str(), &st) != 0) {
+            error = where + ": " + std::strerror(errno);
+            return false;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            error = where + " is not a regular file";
+            return false;
+        }
+        // As Postgres asks of ssl_key_file: owned by the server's user with
+        // no access for group or others, or owned by root with at most read
+        // access for the group.
+        if (st.st_uid != geteuid() && st.st_uid != 0) {
+            error = where + " must be owned by the user the server runs as, or by root";
+            return false;
+        }
+        if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO))) ||
+            (st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)))) {
+            error = where + " has group or world access: it must be u=rw (0600) when owned by "
+                            "the server's user, or u=rw,g=r (0640) when owned by root";
+            return false;
+        }
+        std::ifstream in(path);
+        if (!in) {
+            error = where + ": cannot be read";
+            return false;
+        }
+        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf(rd_kafka_conf_new(),
+                                                                           rd_kafka_conf_destroy);
+        std::string line;
+        for (std::size_t number = 1; std::getline(in, line); ++number) {
+            std::string t = trim(line);
+            if (t.empty() || t[0] == '#') continue;
+            std::size_t eq = t.find('=');
+            std::string at = where + " line " + std::to_string(number);
+            if (eq == std::string::npos) {
+                error = at + " has no '=': expected name=value";
+                return false;
+            }
+            Property p{trim(t.substr(0, eq)), trim(t.substr(eq + 1))};
+            if (p.name.empty()) {
+                error = at + " has an empty property name";
+                return false;
+            }
+            std::string why;
+            if (!check_one(conf.get(), p, why)) {
+                error = at + ": " + why;
+                return false;
+            }
+            out.push_back(std::move(p));
+        }
+        return true;
+    } catch (const std::exception &e) {
+        error = e.what();
         return false;
     }
 }

@@ -19,10 +19,6 @@ void *slot_opaque(uint32_t generation, std::size_t index) {
     return reinterpret_cast<void *>((static_cast<uintptr_t>(generation) << 32) | index);
 }
 
-bool set(rd_kafka_conf_t *conf, const char *name, const std::string &value, std::string &error) {
-    return set_property(conf, name, value, error);
-}
-
 }  // namespace
 
 bool is_permanent_error(int err) noexcept {
@@ -51,46 +47,29 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
                                            std::string &error) noexcept {
     try {
         std::unique_ptr<Producer> p(new Producer());
-        rd_kafka_conf_t *conf = rd_kafka_conf_new();
-        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf_guard(
-            conf, rd_kafka_conf_destroy);
-
-        std::size_t queue_messages = std::max<std::size_t>(100000, 2 * settings.batch_size);
+        // Room for every batch the relay lets be in flight (it stops claiming
+        // beyond kMaxBatchesInFlight of them), so QUEUE_FULL means an outage.
+        std::size_t queue_messages = std::max<std::size_t>(100000, 5 * settings.batch_size);
         // Defaults that carry the delivery guarantees; outbox.kafka_config
         // may tune the rest (and check_properties() refuses changing these).
-        if (!set(conf, "bootstrap.servers", settings.brokers, error) ||
-            !set(conf, "client.id", settings.client_id, error) ||
-            !set(conf, "enable.idempotence", "true", error) ||
-            !set(conf, "acks", "all", error) ||
-            !set(conf, "partitioner", "murmur2_random", error) ||
+        const std::vector<Property> own = {
+            {"enable.idempotence", "true"},
+            {"acks", "all"},
+            {"partitioner", "murmur2_random"},
             // Send at once: a relay batch is produced in one go, so records
             // gather in requests while earlier ones are in flight anyway
             // (commit-to-consumer p50 2 ms instead of 5 ms at 1,000 msg/s).
-            !set(conf, "linger.ms", "0", error) ||
-            // No Nagle (as the Java client): a pipelined request must not
-            // wait for the broker's delayed ACK.
-            !set(conf, "socket.nagle.disable", "true", error) ||
-            // Reconnect within a second once Kafka is back (default: up to 10 s).
-            !set(conf, "reconnect.backoff.max.ms", "1000", error) ||
+            {"linger.ms", "0"},
             // Never give up on a record for a passing condition: an outage of
             // any length only delays it, and a timed-out record could be
             // overtaken by the next one of its key.  Refusals still fail.
-            !set(conf, "message.timeout.ms", "0", error) ||
-            !set(conf, "queue.buffering.max.messages", std::to_string(queue_messages), error) ||
-            !set(conf, "log.queue", "true", error))
-            return nullptr;
-
-        std::vector<Property> extra;
-        if (!parse_properties(settings.extra, extra, error)) {
-            error = "outbox.kafka_config: " + error;
-            return nullptr;
-        }
-        for (const Property &prop : extra) {
-            // outbox.kafka_config is shared with the inbox consumer: its
-            // consumer-only properties would make librdkafka warn here.
-            if (is_consumer_only_property(prop.name)) continue;
-            if (!set(conf, prop.name.c_str(), prop.value, error)) return nullptr;
-        }
+            {"message.timeout.ms", "0"},
+            {"queue.buffering.max.messages", std::to_string(queue_messages)},
+        };
+        rd_kafka_conf_t *conf = new_client_conf(Role::Producer, settings.client, own, error);
+        if (!conf) return nullptr;
+        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf_guard(
+            conf, rd_kafka_conf_destroy);
 
         rd_kafka_conf_set_opaque(conf, p.get());
         rd_kafka_conf_set_dr_msg_cb(conf, &Producer::on_delivery);
@@ -147,16 +126,12 @@ rd_kafka_topic_s *Producer::topic_handle(std::string_view name) {
     return rkt;
 }
 
-void Producer::fail(int64_t id, std::string error, bool permanent) {
+void Producer::fail(int64_t id, std::string error, bool permanent, bool park_now) {
     last_error_ = error;
     failed_ids_.push_back(id);
     failed_errors_.push_back(std::move(error));
     failed_permanent_.push_back(permanent ? 1 : 0);
-}
-
-void Producer::add_log(LogLevel level, std::string text) {
-    log_level_.push_back(level);
-    log_text_.push_back(std::move(text));
+    failed_park_now_.push_back(park_now ? 1 : 0);
 }
 
 void Producer::set_state(BrokerState s, const std::string &reason) {
@@ -164,9 +139,9 @@ void Producer::set_state(BrokerState s, const std::string &reason) {
     BrokerState before = state_;
     state_ = s;
     if (s == BrokerState::Down)
-        add_log(LogLevel::Warning, "cannot reach Kafka, messages stay pending: " + reason);
+        log_.add(LogLevel::Warning, "cannot reach Kafka, messages stay pending: " + reason);
     else if (s == BrokerState::Up && before == BrokerState::Down)
-        add_log(LogLevel::Info, "Kafka is reachable again: " + reason);
+        log_.add(LogLevel::Info, "Kafka is reachable again: " + reason);
 }
 
 std::size_t Producer::batch_in_flight() const noexcept {
@@ -194,7 +169,7 @@ std::size_t Producer::snapshot_in_flight_keys() noexcept {
         std::unordered_set<std::string_view> seen;
         for (const Batch &b : batches_)
             for (const Slot &s : b.slots)
-                if (s.pending) {
+                if (s.pending && s.keyed) {
                     std::string_view k(b.keys.data() + s.key_offset, s.key_length);
                     if (seen.insert(k).second) key_snapshot_.push_back(k);
                 }
@@ -206,13 +181,22 @@ std::size_t Producer::snapshot_in_flight_keys() noexcept {
 }
 
 void Producer::produce_one(const Record &r) {
-    std::string_view key(r.key, r.key_len);
-    if (!held_keys_.empty() && held_keys_.count(std::string(key))) {
+    std::string_view order_key(r.order_key ? r.order_key : "", r.order_key ? r.order_key_len : 0);
+    auto hold = [&] {
+        if (r.order_key) held_keys_.emplace(order_key);
+    };
+    if (queue_full_ ||
+        (r.order_key && !held_keys_.empty() && held_keys_.count(std::string(order_key)))) {
         ++held_;
         return;
     }
+    if (r.error) {
+        fail(r.id, r.error, true, true);
+        hold();
+        return;
+    }
 
-    // Headers: the caller's object, plus event_id = message_id unless set.
+    // Headers: the row's object, plus event_id = message_id unless set.
     rd_kafka_headers_t *hdrs = nullptr;
     std::string_view hjson(r.headers, r.headers_len);
     std::vector<json::Header> decoded;
@@ -220,7 +204,7 @@ void Producer::produce_one(const Record &r) {
         std::string error;
         if (!json::decode_headers(hjson, decoded, error)) {
             fail(r.id, error, true);
-            held_keys_.emplace(key);
+            hold();
             return;
         }
     }
@@ -235,7 +219,7 @@ void Producer::produce_one(const Record &r) {
     if (!rkt) {
         rd_kafka_headers_destroy(hdrs);
         fail(r.id, rd_kafka_err2str(rd_kafka_last_error()), true);
-        held_keys_.emplace(key);
+        hold();
         return;
     }
 
@@ -244,33 +228,38 @@ void Producer::produce_one(const Record &r) {
     Batch &batch = batches_.back();
     std::size_t index = batch.slots.size();
     batch.slots.push_back(Slot{r.id, static_cast<uint32_t>(batch.keys.size()),
-                               static_cast<uint32_t>(r.key_len), true});
-    batch.keys.append(r.key, r.key_len);
+                               static_cast<uint32_t>(order_key.size()), r.order_key != nullptr,
+                               true});
+    batch.keys.append(order_key.data(), order_key.size());
     ++batch.pending;
     ++in_flight_;
-    for (int waited_ms = 0;; waited_ms += 10) {
+    {
         rd_kafka_resp_err_t err = rd_kafka_producev(
-            rk_, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
+            rk_, RD_KAFKA_V_RKT(rkt),
+            RD_KAFKA_V_PARTITION(r.partition >= 0 ? r.partition : RD_KAFKA_PARTITION_UA),
             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-            RD_KAFKA_V_VALUE(const_cast<char *>(r.value), r.value_len),
-            RD_KAFKA_V_KEY(r.key, r.key_len), RD_KAFKA_V_HEADERS(hdrs),
+            RD_KAFKA_V_VALUE(const_cast<char *>(r.value), r.value ? r.value_len : 0),
+            RD_KAFKA_V_KEY(r.key, r.key ? r.key_len : 0), RD_KAFKA_V_HEADERS(hdrs),
             RD_KAFKA_V_OPAQUE(slot_opaque(generation_, index)), RD_KAFKA_V_END);
         if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return;  // librdkafka owns hdrs now
-        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && waited_ms < 10000) {
-            // The local queue drains as deliveries complete; serve them.
-            rd_kafka_poll(rk_, 10);
-            continue;
-        }
         rd_kafka_headers_destroy(hdrs);
         batches_.back().slots[index].pending = false;
         --batches_.back().pending;
         --in_flight_;
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            // librdkafka's queue is full (Kafka is slow or away): never wait
+            // for room inside the relay's transaction.  This record and the
+            // rest of the batch stay pending for a later claim.
+            queue_full_ = true;
+            ++held_;
+            return;
+        }
         std::string text = std::string(rd_kafka_err2str(err)) + " (" +
-                           std::to_string(r.value_len) + " byte value";
+                           std::to_string(r.value ? r.value_len : 0) + " byte value";
         if (r.headers_len > 2) text += ", " + std::to_string(r.headers_len) + " bytes of headers";
         text += ")";
         fail(r.id, std::move(text), is_permanent_error(err));
-        held_keys_.emplace(key);
+        hold();
         return;
     }
 }
@@ -285,11 +274,12 @@ void Producer::produce(const Record *records, std::size_t n) noexcept {
         batches_.back().generation = ++generation_;
         batches_.back().slots.reserve(n);
         held_keys_.clear();
+        queue_full_ = false;
         for (std::size_t i = 0; i < n; ++i) produce_one(records[i]);
     } catch (const std::exception &e) {
         // Out of memory, in practice.  What was produced is in flight and
         // will be reported; the rest stays pending.
-        add_log(LogLevel::Warning, std::string("producing a batch failed: ") + e.what());
+        log_.add(LogLevel::Warning, std::string("producing a batch failed: ") + e.what());
     }
 }
 
@@ -307,12 +297,8 @@ void Producer::clear_resolved() noexcept {
     failed_ids_.clear();
     failed_errors_.clear();
     failed_permanent_.clear();
+    failed_park_now_.clear();
     held_ = 0;
-}
-
-void Producer::clear_log() noexcept {
-    log_level_.clear();
-    log_text_.clear();
 }
 
 void Producer::shutdown(int timeout_ms) noexcept {
@@ -374,7 +360,7 @@ void Producer::delivered(const rd_kafka_message_t *msg) {
     text += ")";
     last_error_ = text;
     if (text != last_logged_delivery_error_) {
-        add_log(LogLevel::Warning, "delivery failed: " + text);
+        log_.add(LogLevel::Warning, "delivery failed: " + text);
         last_logged_delivery_error_ = text;
     }
     fail(id, std::move(text), is_permanent_error(msg->err));
@@ -396,7 +382,7 @@ void Producer::errored(rd_kafka_t *rk, int err, const char *reason) {
         rd_kafka_fatal_error(rk, fatal, sizeof fatal);
         fatal_ = true;
         last_error_ = fatal;
-        add_log(LogLevel::Warning,
+        log_.add(LogLevel::Warning,
                       std::string("the Kafka producer hit a fatal error and is recreated: ") + fatal);
         return;
     }
@@ -406,7 +392,7 @@ void Producer::errored(rd_kafka_t *rk, int err, const char *reason) {
     }
     // Single-broker transport errors and the like: librdkafka retries them
     // itself; keep them for the curious without flooding the log.
-    add_log(LogLevel::Debug, text);
+    log_.add(LogLevel::Debug, text);
 }
 
 void Producer::on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
@@ -417,12 +403,7 @@ void Producer::on_log(const rd_kafka_t *rk, int level, const char *fac, const ch
 }
 
 void Producer::logged(int level, const char *fac, const char *buf) {
-    // Connection failures also reach on_error, which logs state changes
-    // once; librdkafka's own copies of them stay at debug level.
-    bool duplicate = std::strcmp(fac, "FAIL") == 0 || std::strcmp(fac, "ERROR") == 0;
-    LogLevel l = LogLevel::Debug;
-    if (!duplicate) l = level <= 4 ? LogLevel::Warning : level <= 6 ? LogLevel::Info : LogLevel::Debug;
-    add_log(l, std::string("librdkafka ") + fac + ": " + buf);
+    log_.add_librdkafka(level, fac, buf);
 }
 
 }  // namespace outbox::kafka

@@ -42,7 +42,10 @@ class Scenario:
         conf = {"outbox.brokers": f"'{first.bootstrap}'",
                 "outbox.batch_size": BATCH_SIZE,
                 "outbox.batch_timeout": "'2s'",
-                "outbox.max_attempts": 5}
+                "outbox.max_attempts": 5,
+                # Messages larger than Kafka takes must reach the relay here
+                # (to be parked); outbox.write() refuses them by default.
+                "outbox.max_message_bytes": "'64MB'"}
         conf.update(settings or {})
         self.pg = PgCluster(conf, name="outbox-fault")
         # Records of broker list A come before those of B (the switch order).

@@ -224,11 +224,15 @@ class Inbox(unittest.TestCase):
                            "kafka_offset FROM outbox.inbox_message")
         # The records may sit on different partitions: find each by content.
         by_payload = {json.dumps(r[2], sort_keys=True): r for r in rows}
-        # Derived ids: md5 of topic/partition/offset, so a redelivery matches.
+        # Derived ids: md5 of topic/partition/offset/timestamp: a redelivery
+        # matches, a topic created again (offsets from 0) does not.
         for payload in ({"a": 1}, {"a": 2}):
             eid, key, _, headers, part, off = by_payload[json.dumps(payload, sort_keys=True)]
-            expected = self.scalar("SELECT md5(%s || '/' || %s || '/' || %s)::uuid::text",
-                                   TOPIC, part, off)
+            stored = self.scalar("SELECT (extract(epoch FROM kafka_timestamp) * 1000)::bigint "
+                                 "FROM outbox.inbox_message WHERE event_id = %s", eid)
+            self.assertLess(abs(stored / 1000 - time.time()), 600, "the record's time is kept")
+            expected = self.scalar("SELECT md5(%s || '/' || %s || '/' || %s || '/' || %s)::uuid::text",
+                                   TOPIC, part, off, stored)
             self.assertEqual(eid, expected)
         self.assertEqual(by_payload[json.dumps({"a": 2})][3], {"event_id": "not-a-uuid"})
         self.assertIn(json.dumps({"raw_base64": "/wBiaW5hcnk="}), by_payload)

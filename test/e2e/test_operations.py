@@ -22,7 +22,10 @@ class Operations(unittest.TestCase):
                             "outbox.database": "'postgres, app2'",
                             "outbox.poll_interval": "'1h'",
                             "outbox.batch_timeout": "'1s'",
-                            "outbox.max_attempts": 3})
+                            "outbox.max_attempts": 3,
+                            # A message over Kafka's limit must reach the
+                            # relay here (to be parked).
+                            "outbox.max_message_bytes": "'64MB'"})
         cls.pg.start()
         cls.pg.sql("CREATE EXTENSION outbox")
         cls.pg.sql("CREATE DATABASE app2")

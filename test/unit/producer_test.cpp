@@ -60,9 +60,19 @@ struct Row {
     int64_t id;
     std::string topic, key, value, headers, event_id;
     Record record() const {
-        return Record{id,           topic.data(), topic.size(),   key.data(),
-                      key.size(),   value.data(), value.size(),   headers.data(),
-                      headers.size(), event_id.c_str()};
+        Record r{};
+        r.id = id;
+        r.topic = topic.data();
+        r.topic_len = topic.size();
+        r.order_key = r.key = key.data();
+        r.order_key_len = r.key_len = key.size();
+        r.value = value.data();
+        r.value_len = value.size();
+        r.headers = headers.data();
+        r.headers_len = headers.size();
+        r.event_id = event_id.c_str();
+        r.partition = -1;
+        return r;
     }
 };
 
@@ -85,9 +95,9 @@ Row row(int64_t id, std::string key, std::string headers = "{}", std::string top
 
 std::unique_ptr<Producer> make_producer(const MockCluster &c, int fd, std::string extra = "") {
     outbox::kafka::Settings s;
-    s.brokers = c.bootstraps();
-    s.client_id = "producer-test";
-    s.extra = std::move(extra);
+    s.client.brokers = c.bootstraps();
+    s.client.client_id = "producer-test";
+    s.client.extra = std::move(extra);
     std::string error;
     auto p = Producer::create(s, fd, error);
     EXPECT_TRUE(p) << error;
@@ -291,8 +301,8 @@ TEST(Producer, BrokerDownKeepsRecordsInFlightUntilItReturns) {
     EXPECT_EQ(p->acked_count(), 49u);
     EXPECT_EQ(p->broker_state(), BrokerState::Up);
     bool said_down = false, said_up = false;
-    for (size_t i = 0; i < p->log_count(); i++) {
-        std::string t = p->log_text(i);
+    for (size_t i = 0; i < p->log().count(); i++) {
+        std::string t = p->log().text(i);
         said_down |= t.find("cannot reach Kafka") != std::string::npos;
         said_up |= t.find("reachable again") != std::string::npos;
     }
@@ -361,8 +371,8 @@ TEST(Producer, DeliveryErrorsAreLoggedOncePerDistinctError) {
     EXPECT_EQ(p->failed_count(), 29u);
     for (size_t i = 0; i < p->failed_count(); i++) EXPECT_FALSE(p->failed_permanent(i));
     size_t warnings = 0;
-    for (size_t i = 0; i < p->log_count(); i++)
-        if (std::string(p->log_text(i)).find("delivery failed") != std::string::npos) warnings++;
+    for (size_t i = 0; i < p->log().count(); i++)
+        if (std::string(p->log().text(i)).find("delivery failed") != std::string::npos) warnings++;
     EXPECT_EQ(warnings, 1u) << "29 failures with the same error must log once";
     std::string last = p->last_error();
     EXPECT_NE(last.find("timed out"), std::string::npos) << last;
@@ -387,8 +397,8 @@ TEST(Producer, ShutdownAbandonsWhatIsInFlightWithoutReportingIt) {
 
 TEST(Producer, CreateReportsLibrdkafkasError) {
     outbox::kafka::Settings s;
-    s.brokers = "localhost:1";
-    s.extra = "no.such.thing=1";
+    s.client.brokers = "localhost:1";
+    s.client.extra = "no.such.thing=1";
     std::string error;
     auto p = Producer::create(s, -1, error);
     EXPECT_FALSE(p);

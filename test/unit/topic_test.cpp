@@ -1,4 +1,4 @@
-#include "outbox/topic.h"
+#include "outbox/common/topic.h"
 
 #include <gtest/gtest.h>
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "outbox/kafka/producer.h"  // LogLevel, BrokerState
+#include "outbox/kafka/client.h"
 
 struct rd_kafka_s;
 struct rd_kafka_queue_s;
@@ -21,35 +21,27 @@ struct rd_kafka_message_s;
 namespace outbox::kafka {
 
 struct ConsumerSettings {
-    std::string brokers;
-    std::string extra;  // outbox.kafka_config
+    ClientSettings client;
     std::string group_id;
-    std::string client_id;
     std::vector<std::string> topics;
 };
 
-// One consumed record, converted for outbox.inbox_message.
+// One consumed record, as Kafka has it.  The inbox keeps these bytes as they
+// are and derives text and JSON from them (the Postgres side converts into
+// the database's encoding).
 struct InRecord {
     std::string topic;
     int32_t partition = 0;
     int64_t offset = 0;
-    std::string event_id;  // the event_id header when it is a UUID, else ""
+    int64_t timestamp = -1;  // ms since the epoch; -1: none
+    std::string event_id;    // the event_id header when it is a UUID, else ""
     bool has_key = false;
-    std::string key;           // valid UTF-8 (other bytes as \xNN)
-    std::string payload_json;  // the value when it is JSON; else a JSON object, see below
-    std::string headers_json;  // a JSON object of strings
+    std::string key;  // the key's bytes
+    bool has_value = false;
+    std::string value;           // the value's bytes (none: a tombstone)
+    bool value_is_json = false;  // valid UTF-8 JSON
+    std::vector<std::pair<std::string, std::string>> headers;  // raw names and values
 };
-
-// Converts a Kafka record's parts (pure; unit-tested):
-//  - the value: kept when it is valid UTF-8 JSON; a missing value (a
-//    tombstone) becomes JSON null; anything else {"raw_base64": "..."},
-//    so that no record is ever dropped;
-//  - key and header values: UTF-8 text, other bytes written as \xNN;
-//  - the event_id header: taken when it is a UUID in text form.
-std::string value_to_json(const void *data, std::size_t len, bool present);
-std::string bytes_to_text(const void *data, std::size_t len);
-bool is_uuid_text(const std::string &s);
-std::string headers_to_json(const std::vector<std::pair<std::string, std::string>> &headers);
 
 class Consumer {
 public:
@@ -70,36 +62,40 @@ public:
     std::size_t count() const noexcept { return records_.size(); }
     const InRecord &record(std::size_t i) const noexcept { return records_[i]; }
 
-    // Commits, synchronously, the offsets after the records of the last
-    // batch.  False with librdkafka's reason when the commit failed (the
-    // records come again: the inbox drops them as duplicates).
+    // Commits the offsets after the records of the last batch, without
+    // waiting (the rows are committed in Postgres already: a commit that
+    // fails only makes the records come again, and the inbox drops them as
+    // duplicates).  Its result arrives through poll_batch(): a failure goes
+    // to the log lines and last_error().  False when it could not even be
+    // sent, with librdkafka's reason.
     bool commit(std::string &error) noexcept;
 
-    std::size_t log_count() const noexcept { return log_text_.size(); }
-    LogLevel log_level(std::size_t i) const noexcept { return log_level_[i]; }
-    const char *log_text(std::size_t i) const noexcept { return log_text_[i].c_str(); }
-    void clear_log() noexcept;
+    const LogBuffer &log() const noexcept { return log_; }
+    void clear_log() noexcept { log_.clear(); }
     BrokerState broker_state() const noexcept { return state_; }
     const char *last_error() const noexcept { return last_error_.c_str(); }
     bool fatal() const noexcept { return fatal_; }
+
+    // The result of an offset commit (called from librdkafka's callback,
+    // inside poll_batch()).
+    void note_commit_result(int err) noexcept;
 
     // Leaves the group (bounded by librdkafka's own timeouts).
     void close() noexcept;
 
 private:
     Consumer() = default;
-    void add_log(LogLevel level, std::string text);
     void handle_error(int err, const std::string &reason);
     static void on_error(rd_kafka_s *rk, int err, const char *reason, void *opaque);
     static void on_log(const rd_kafka_s *rk, int level, const char *fac, const char *buf);
+    bool take(rd_kafka_message_s *m);
 
     rd_kafka_s *rk_ = nullptr;
     rd_kafka_queue_s *queue_ = nullptr;
     bool closed_ = false;
     std::vector<InRecord> records_;
     std::map<std::pair<std::string, int32_t>, int64_t> next_offsets_;  // of the last batch
-    std::vector<LogLevel> log_level_;
-    std::vector<std::string> log_text_;
+    LogBuffer log_;
     BrokerState state_ = BrokerState::Unknown;
     std::string last_error_;
     std::string last_logged_error_;

@@ -15,6 +15,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "outbox/kafka/client.h"
+
 struct rd_kafka_s;
 struct rd_kafka_topic_s;
 struct rd_kafka_queue_s;
@@ -23,9 +25,7 @@ struct rd_kafka_message_s;
 namespace outbox::kafka {
 
 struct Settings {
-    std::string brokers;       // bootstrap.servers (outbox.brokers)
-    std::string extra;         // outbox.kafka_config, already checked
-    std::string client_id;     // client.id
+    ClientSettings client;
     std::size_t batch_size = 1000;
 };
 
@@ -35,19 +35,24 @@ struct Record {
     int64_t id;
     const char *topic;
     std::size_t topic_len;
-    const char *key;
+    // What orders the row among its key's rows (the key column): a key has
+    // records of one batch at a time in flight, and a refusal holds back the
+    // key's later records.  nullptr: a record without a key, ordered by
+    // nothing.
+    const char *order_key;
+    std::size_t order_key_len;
+    const char *key;  // the Kafka key's bytes; nullptr: no key
     std::size_t key_len;
-    const char *value;  // the payload's JSON text
+    const char *value;  // the Kafka value's bytes; nullptr: none (a tombstone)
     std::size_t value_len;
-    const char *headers;  // the headers column as JSON object text
+    const char *headers;  // the headers as JSON object text (UTF-8)
     std::size_t headers_len;
     const char *event_id;  // message_id text, NUL-terminated
+    int32_t partition;     // -1: the partitioner chooses (murmur2 of the key)
+    // Set when the relay could not prepare the record (its payload could not
+    // be rendered): it fails at once, for good, and is parked.
+    const char *error;
 };
-
-enum class LogLevel { Debug, Info, Warning };
-
-// Connection state as far as the relay can tell.
-enum class BrokerState { Unknown, Up, Down };
 
 class Producer {
 public:
@@ -61,12 +66,14 @@ public:
     Producer(const Producer &) = delete;
     Producer &operator=(const Producer &) = delete;
 
-    // Enqueues a batch, in order.  The caller must not pass a record whose
-    // key is in flight (see in_flight_key()): a key has records of one batch
-    // at a time in librdkafka.  A record librdkafka refuses at once (too
-    // large, bad headers, unknown topic) is a failure right away, and every
-    // later record of the same key in this batch is held back: neither
-    // produced nor failed, it stays pending so that the key's order is kept.
+    // Enqueues a batch, in order, without ever waiting.  The caller must not
+    // pass a record whose key is in flight (see in_flight_key()): a key has
+    // records of one batch at a time in librdkafka.  A record librdkafka
+    // refuses at once (too large, bad headers, unknown topic) is a failure
+    // right away, and every later record of the same key in this batch is
+    // held back: neither produced nor failed, it stays pending so that the
+    // key's order is kept.  When librdkafka's queue is full, that record and
+    // the rest of the batch are held back the same way.
     void produce(const Record *records, std::size_t n) noexcept;
 
     // Serves delivery reports, logs and errors that have arrived.  Never blocks.
@@ -95,15 +102,15 @@ public:
     const int64_t *failed_ids() const noexcept { return failed_ids_.data(); }
     const char *failed_error(std::size_t i) const noexcept { return failed_errors_[i].c_str(); }
     bool failed_permanent(std::size_t i) const noexcept { return failed_permanent_[i] != 0; }
+    // Refused before it reached librdkafka (Record::error): park it now.
+    bool failed_park_now(std::size_t i) const noexcept { return failed_park_now_[i] != 0; }
     std::size_t held_count() const noexcept { return held_; }
     void clear_resolved() noexcept;
 
     // Lines for the server log: connection state changes, delivery errors
     // (once per distinct error, not per message) and librdkafka's own log.
-    std::size_t log_count() const noexcept { return log_text_.size(); }
-    LogLevel log_level(std::size_t i) const noexcept { return log_level_[i]; }
-    const char *log_text(std::size_t i) const noexcept { return log_text_[i].c_str(); }
-    void clear_log() noexcept;
+    const LogBuffer &log() const noexcept { return log_; }
+    void clear_log() noexcept { log_.clear(); }
 
     BrokerState broker_state() const noexcept { return state_; }
     // The last error librdkafka reported (connection or delivery), or "".
@@ -120,8 +127,7 @@ private:
     Producer() = default;
     rd_kafka_topic_s *topic_handle(std::string_view name);
     void produce_one(const Record &r);
-    void fail(int64_t id, std::string error, bool permanent);
-    void add_log(LogLevel level, std::string text);
+    void fail(int64_t id, std::string error, bool permanent, bool park_now = false);
     void set_state(BrokerState s, const std::string &reason);
 
     static void on_delivery(rd_kafka_s *rk, const rd_kafka_message_s *msg, void *opaque);
@@ -144,6 +150,7 @@ private:
         int64_t id;
         uint32_t key_offset;
         uint32_t key_length;
+        bool keyed;  // has an order key (keyless records order nothing)
         bool pending;
     };
     struct Batch {
@@ -158,16 +165,17 @@ private:
     std::vector<std::string_view> key_snapshot_;
     Slot *find_slot(void *opaque, Batch **batch);
     std::unordered_set<std::string> held_keys_;  // this batch's keys behind a failure
+    bool queue_full_ = false;                    // librdkafka refused this batch's rest
 
     std::vector<int64_t> acked_;       // of the current batch
     std::vector<int64_t> acked_late_;  // of earlier batches
     std::vector<int64_t> failed_ids_;
     std::vector<std::string> failed_errors_;
     std::vector<char> failed_permanent_;
+    std::vector<char> failed_park_now_;
     std::size_t held_ = 0;
 
-    std::vector<LogLevel> log_level_;
-    std::vector<std::string> log_text_;
+    LogBuffer log_;
 
     BrokerState state_ = BrokerState::Unknown;
     std::string last_error_;

@@ -30,7 +30,7 @@ $$;
 CREATE FUNCTION wrong_args(msg text) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 CREATE FUNCTION wrong_result(msg outbox.inbox_message) RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;
 SELECT outbox.inbox_subscribe('payments', 'handle_payment(outbox.inbox_message)');
-SELECT topic, handler, run_as = current_user::regrole AS runs_as_subscriber
+SELECT topic, handler, owner = current_user::regrole AS owned_by_subscriber
   FROM outbox.inbox_subscription;
 SELECT outbox.inbox_subscribe('payments', 'handle_payment(outbox.inbox_message)');  -- again: replaces
 SELECT count(*) FROM outbox.inbox_subscription;

@@ -3,58 +3,27 @@
 -- end in test/e2e/test_operations.py.)
 CREATE EXTENSION outbox;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
- extversion 
-------------
- 1.1
-(1 row)
 
 -- With nothing written: an empty queue, no relay for this database.
 SELECT pending, lag_seconds, parked, published_since_start, relay_workers, broker_state,
        inbox_pending, inbox_parked
   FROM outbox.stats;
- pending | lag_seconds | parked | published_since_start | relay_workers | broker_state | inbox_pending | inbox_parked 
----------+-------------+--------+-----------------------+---------------+--------------+---------------+--------------
-       0 |           0 |      0 |                     0 |             0 | no relay     |             0 |            0
-(1 row)
 
 -- Pending messages count, and their age is the lag.
 SELECT outbox.write('order.events', 'k' || i, jsonb_build_object('i', i)) IS NOT NULL AS wrote
   FROM generate_series(1, 3) AS i;
- wrote 
--------
- t
- t
- t
-(3 rows)
-
 UPDATE outbox.outbox_message SET created_at = now() - interval '90 seconds' WHERE key = 'k1';
 SELECT pending, lag_seconds >= 90 AS lag_from_oldest, parked FROM outbox.stats;
- pending | lag_from_oldest | parked 
----------+-----------------+--------
-       3 | t               |      0
-(1 row)
-
 UPDATE outbox.outbox_message SET parked_at = now() WHERE key = 'k1';
 SELECT pending, lag_seconds < 90 AS parked_not_in_lag, parked FROM outbox.stats;
- pending | parked_not_in_lag | parked 
----------+-------------------+--------
-       2 | t                 |      1
-(1 row)
 
 -- The counts go through the partial index of unpublished rows.
 SET enable_seqscan = off;
 EXPLAIN (COSTS OFF)
 SELECT count(*) FILTER (WHERE parked_at IS NULL) FROM outbox.outbox_message
  WHERE published_at IS NULL;
-                           QUERY PLAN                           
-----------------------------------------------------------------
- Aggregate
-   ->  Bitmap Heap Scan on outbox_message
-         Recheck Cond: (published_at IS NULL)
-         ->  Bitmap Index Scan on ix_outbox_message_unpublished
-(4 rows)
-
 RESET enable_seqscan;
+
 -- Replay: published messages of a window go out again, same message_id.
 TRUNCATE outbox.outbox_message;
 INSERT INTO outbox.outbox_message (message_id, topic, key, payload, created_at, published_at)
@@ -67,99 +36,38 @@ SELECT ('00000000-0000-7000-8000-' || lpad(i::text, 12, '0'))::uuid,
 UPDATE outbox.outbox_message SET published_at = NULL WHERE key = 'k4';          -- pending
 UPDATE outbox.outbox_message SET published_at = NULL, parked_at = now() WHERE key = 'k6';  -- parked
 SELECT outbox.replay('2026-01-01 02:00+00', '2026-01-01 08:00+00', 'order.events') AS replayed;
- replayed 
-----------
-        1
-(1 row)
-
 SELECT key, published_at IS NULL AS pending_again, parked_at IS NOT NULL AS parked
   FROM outbox.outbox_message WHERE published_at IS NULL ORDER BY id;
- key | pending_again | parked 
------+---------------+--------
- k2  | t             | f
- k4  | t             | f
- k6  | t             | t
-(3 rows)
-
 SELECT outbox.replay('2026-01-01 00:00+00', '2026-01-01 04:00+00') AS all_topics;
- all_topics 
-------------
-          2
-(1 row)
-
 SELECT outbox.replay('2030-01-01 00:00+00', '2031-01-01 00:00+00') AS nothing_then;
- nothing_then 
---------------
-            0
-(1 row)
-
 SELECT count(*) AS messages, count(DISTINCT message_id) AS ids FROM outbox.outbox_message;
- messages | ids 
-----------+-----
-       10 |  10
-(1 row)
 
 -- Bad input: clear errors.
 SELECT outbox.replay(NULL);
-ERROR:  outbox.replay: since must not be NULL
-CONTEXT:  PL/pgSQL function outbox.replay(timestamp with time zone,timestamp with time zone,text) line 6 at RAISE
 SELECT outbox.replay('2026-01-02', '2026-01-01');
-ERROR:  outbox.replay: until (Thu Jan 01 00:00:00 2026 PST) is before since (Fri Jan 02 00:00:00 2026 PST)
-CONTEXT:  PL/pgSQL function outbox.replay(timestamp with time zone,timestamp with time zone,text) line 14 at RAISE
 SELECT outbox.replay('2026-01-01', NULL);
-ERROR:  outbox.replay: until must not be NULL
-CONTEXT:  PL/pgSQL function outbox.replay(timestamp with time zone,timestamp with time zone,text) line 10 at RAISE
+
 -- A monitoring role reads the stats and nothing else.
 CREATE ROLE regress_outbox_monitor IN ROLE pg_monitor;
 SET ROLE regress_outbox_monitor;
 SELECT pending >= 0 AS can_read_stats FROM outbox.stats;
- can_read_stats 
-----------------
- t
-(1 row)
-
 SELECT count(*) >= 0 AS can_read_worker_stats FROM outbox.worker_stats;
- can_read_worker_stats 
------------------------
- t
-(1 row)
-
 SELECT count(*) FROM outbox.outbox_message;
-ERROR:  permission denied for table outbox_message
 SELECT outbox.replay('2026-01-01');
-ERROR:  permission denied for function replay
 SELECT outbox.write('t', 'k', '{}');
-ERROR:  permission denied for function write
 RESET ROLE;
 -- ...and a service role that may write cannot replay or read the stats.
 CREATE ROLE regress_outbox_writer;
 GRANT USAGE ON SCHEMA outbox TO regress_outbox_writer;
-GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb) TO regress_outbox_writer;
+GRANT EXECUTE ON FUNCTION outbox.write TO regress_outbox_writer;
 SET ROLE regress_outbox_writer;
 SELECT outbox.replay('2026-01-01');
-ERROR:  permission denied for function replay
 SELECT * FROM outbox.stats;
-ERROR:  permission denied for view stats
 RESET ROLE;
 DROP OWNED BY regress_outbox_monitor, regress_outbox_writer;
 DROP ROLE regress_outbox_monitor, regress_outbox_writer;
+
 -- Settings a DBA sets: every outbox.* GUC, its default, unit and context.
 SELECT name, setting, unit, context FROM pg_settings WHERE name LIKE 'outbox.%' ORDER BY name;
-           name            | setting  | unit |  context   
----------------------------+----------+------+------------
- outbox.batch_size         | 1000     |      | sighup
- outbox.batch_timeout      | 5000     | ms   | sighup
- outbox.brokers            |          |      | sighup
- outbox.database           | postgres |      | postmaster
- outbox.inbox              | off      |      | postmaster
- outbox.inbox_group        |          |      | sighup
- outbox.inbox_topics       |          |      | sighup
- outbox.kafka_config       |          |      | sighup
- outbox.max_attempts       | 10       |      | sighup
- outbox.poll_interval      | 1000     | ms   | sighup
- outbox.retention          | 604800   | s    | sighup
- outbox.synchronous_commit | on       |      | sighup
- outbox.workers            | 1        |      | postmaster
-(13 rows)
 
 DROP EXTENSION outbox;

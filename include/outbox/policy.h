@@ -1,0 +1,32 @@
+// Retry and batching policies of the workers, in one place.  Pure C++.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace outbox::policy {
+
+// The relay backs off when a batch got nothing through (Kafka down or
+// refusing): from this, doubling, up to the max; the next acknowledgement
+// ends it.  Refused rows next to acknowledged ones wait the minimum.
+inline constexpr int kRelayBackoffMinMs = 250;
+inline constexpr int kRelayBackoffMaxMs = 30000;
+
+// The relay stops claiming while this many batches' worth of records are in
+// flight (an outage): it only records late reports then.
+inline constexpr std::size_t kMaxBatchesInFlight = 4;
+
+// Acknowledgements are marked in chunks of this many while the rest of a
+// batch is still awaited.
+inline constexpr std::size_t kMarkChunk = 200;
+
+// Most bytes of values (payloads) one claim renders; the first row always
+// goes, however large.
+inline constexpr int64_t kBatchByteBudget = 32 * 1024 * 1024;
+
+// A failed inbox handler call is retried after this many seconds, doubling
+// with each failure, up to the cap; outbox.max_attempts failures park it.
+inline constexpr double kHandlerRetryBaseSeconds = 0.5;
+inline constexpr double kHandlerRetryCapSeconds = 300;
+
+}  // namespace outbox::policy

@@ -1,0 +1,64 @@
+// The inbox's statements (texts in inbox_sql.h).  Postgres-side: inside a
+// transaction with SPI connected; each may ereport(ERROR).
+#pragma once
+
+#include "outbox/pg.h"
+
+extern "C" {
+#include "utils/timestamp.h"
+}
+
+// One consumed record, ready to store: text in the server's encoding.
+struct OutboxInboxRow {
+    const char *event_id;  // nullptr: derive one
+    const char *topic;
+    const char *key;    // nullptr: no key
+    bytea *key_bytes;   // the key's exact bytes; nullptr: no key
+    const char *payload;  // JSON text
+    bytea *value;         // the value's exact bytes; nullptr: a tombstone
+    const char *headers;  // JSON object text
+    int32 partition;
+    int64 offset;
+    int64 timestamp;  // ms; -1: none
+};
+
+// Stores records (a known event id dropped); returns the rows inserted.
+// Errors when a payload is not valid jsonb: see outbox_inbox_insert_raw().
+int64 outbox_inbox_insert(const OutboxInboxRow *rows, int n);
+// Stores one record with its payload kept as {"raw_text": ...}.
+int64 outbox_inbox_insert_raw(const OutboxInboxRow *row);
+
+struct OutboxSubscription {
+    char *topic;
+    Oid handler;
+    Oid owner;     // the handler function's owner: it runs as that role
+    bool exists;   // the function is still there
+    bool batch;    // it takes outbox.inbox_message[]
+    bool allowed;  // the subscription's owner may have it run
+};
+
+// Every subscription, by topic.
+int outbox_inbox_subscriptions(OutboxSubscription **subs);
+
+// Keys of `topic` whose earliest unprocessed record waits for a retry.
+char **outbox_inbox_retrying_keys(const char *topic, int *n);
+
+struct OutboxInboxClaim {
+    Datum row;       // the outbox.inbox_message row, for the handler
+    Datum event_id;  // uuid
+    char *key;       // nullptr: no key
+};
+
+// Claims up to `limit` unprocessed records of `topic` of share `share` of
+// `shares`, skipping `blocked` keys, in arrival order (SPI memory, valid
+// until SPI_finish).
+int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
+                       int nblocked, OutboxInboxClaim **rows);
+
+void outbox_inbox_done(const Datum *event_ids, int n);
+
+// Records a failed handler call; true when that parked the record.
+bool outbox_inbox_failed(Datum event_id, const char *error, int max_attempts);
+
+// When the earliest retry is due, or 0.
+TimestampTz outbox_inbox_next_retry(void);

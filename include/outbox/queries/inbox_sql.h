@@ -1,0 +1,129 @@
+// The inbox's SQL: the consumer's inserts, the handlers' claims and
+// bookkeeping (src/queries/inbox.cpp runs it).  Pure C++: texts only.
+#pragma once
+
+namespace outbox::sql::inbox {
+
+// The consumer's batch: one row per record, a known event_id dropped.  A
+// record without a UUID event_id header gets an id derived from where it is
+// in Kafka and when it was written there (topic/partition/offset/timestamp):
+// a redelivery of the record has the same, and a topic deleted and created
+// again (offsets from 0) does not reuse the ids of the old records.
+// Arrays: $1 event ids (NULL: derive), $2 topics, $3 key text, $4 key bytes,
+// $5 payload JSON text, $6 value bytes, $7 headers JSON text, $8 partitions,
+// $9 offsets, $10 timestamps (ms, -1: none).
+inline constexpr const char kInsert[] =
+    "INSERT INTO outbox.inbox_message"
+    " (event_id, topic, key, key_bytes, payload, value, headers, kafka_partition, kafka_offset,"
+    " kafka_timestamp)"
+    " SELECT coalesce(r.event_id::uuid,"
+    " pg_catalog.md5(r.topic || '/' || r.kafka_partition || '/' || r.kafka_offset || '/' || r.ts)"
+    "::uuid),"
+    " r.topic, r.key, r.key_bytes, r.payload::jsonb, r.value, r.headers::jsonb,"
+    " r.kafka_partition, r.kafka_offset,"
+    " CASE WHEN r.ts >= 0 THEN pg_catalog.to_timestamp(r.ts::float8 / 1000) END"
+    " FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),"
+    " pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::bytea[]),"
+    " pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::bytea[]),"
+    " pg_catalog.unnest($7::text[]), pg_catalog.unnest($8::int4[]),"
+    " pg_catalog.unnest($9::int8[]), pg_catalog.unnest($10::int8[]))"
+    " AS r(event_id, topic, key, key_bytes, payload, value, headers, kafka_partition,"
+    " kafka_offset, ts)"
+    " ON CONFLICT (event_id) DO NOTHING";
+
+// One record whose payload Postgres' jsonb refuses (say a \u0000 escape):
+// its JSON is kept as text, its bytes in value; never dropped.  Arguments as
+// kInsert's, one each.
+inline constexpr const char kInsertRaw[] =
+    "INSERT INTO outbox.inbox_message"
+    " (event_id, topic, key, key_bytes, payload, value, headers, kafka_partition, kafka_offset,"
+    " kafka_timestamp)"
+    " VALUES (coalesce($1::uuid,"
+    " pg_catalog.md5($2 || '/' || $8 || '/' || $9 || '/' || $10)::uuid),"
+    " $2, $3, $4, pg_catalog.jsonb_build_object('raw_text', $5::text), $6, $7::jsonb, $8, $9,"
+    " CASE WHEN $10 >= 0 THEN pg_catalog.to_timestamp($10::float8 / 1000) END)"
+    " ON CONFLICT (event_id) DO NOTHING";
+
+// Every subscription: the topic, its handler, the handler's owner (it runs
+// as that role), whether it takes a batch (outbox.inbox_message[]), and
+// whether the subscription's owner may still have it run (a superuser, or a
+// role with the privileges of the function's owner).  A handler that no
+// longer exists has a NULL owner.
+inline constexpr const char kSubscriptions[] =
+    "SELECT s.topic, s.handler::pg_catalog.oid, p.proowner,"
+    " p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype,"
+    " (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
+    " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE')"
+    " FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+    " ORDER BY s.topic";
+
+enum SubscriptionColumn {
+    kSubTopic = 1,
+    kSubHandler,
+    kSubFunctionOwner,
+    kSubBatch,
+    kSubAllowed,
+};
+
+// Keys of topic $1 whose earliest unprocessed record waits for a retry:
+// their later records wait behind it.
+inline constexpr const char kRetryingKeys[] =
+    "SELECT DISTINCT key FROM outbox.inbox_message"
+    " WHERE NOT processed AND next_attempt_at IS NOT NULL AND topic = $1"
+    " AND next_attempt_at > pg_catalog.now() AND parked_at IS NULL AND key IS NOT NULL";
+
+// A handler's claim: unprocessed records of topic $2 in arrival order, of
+// this worker's share ($4 of $3: by key, so a key's records stay with one
+// worker; a record without a key by its event id), skipping parked ones,
+// ones waiting for a retry, and keys with an earlier record waiting ($5).
+inline constexpr const char kClaim[] =
+    "SELECT m, m.event_id, m.key FROM outbox.inbox_message m"
+    " WHERE NOT m.processed AND m.topic = $2 AND m.parked_at IS NULL"
+    " AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now())"
+    " AND (pg_catalog.hashtext(coalesce(m.key, m.event_id::text)) & 2147483647) % $3 = $4"
+    " AND (m.key IS NULL OR m.key <> ALL($5))"
+    " ORDER BY m.received_at, m.seq LIMIT $1"
+    " FOR UPDATE SKIP LOCKED";
+
+enum ClaimColumn { kClaimRow = 1, kClaimEventId, kClaimKey };
+
+// When the earliest retry of this worker's share is due.
+inline constexpr const char kNextRetry[] =
+    "SELECT min(next_attempt_at) FROM outbox.inbox_message"
+    " WHERE NOT processed AND next_attempt_at IS NOT NULL AND parked_at IS NULL";
+
+inline constexpr const char kDone[] =
+    "UPDATE outbox.inbox_message SET processed = true,"
+    " processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL"
+    " WHERE event_id = ANY($1)";
+
+// A failed handler call: one attempt more, the error kept, a retry after
+// $4 seconds doubling with each failure up to $5, parked at the $3rd
+// failure.
+inline constexpr const char kFailed[] =
+    "UPDATE outbox.inbox_message SET attempts = attempts + 1, last_error = $2,"
+    " next_attempt_at = CASE WHEN attempts + 1 >= $3 THEN NULL ELSE pg_catalog.clock_timestamp()"
+    " + pg_catalog.make_interval(secs => LEAST($5::float8,"
+    " $4::float8 * pg_catalog.power(2::float8, attempts::float8))) END,"
+    " parked_at = CASE WHEN attempts + 1 >= $3 THEN pg_catalog.clock_timestamp() END"
+    " WHERE event_id = $1 RETURNING parked_at IS NOT NULL";
+
+}  // namespace outbox::sql::inbox
+
+namespace outbox::sql::inbox_api {
+
+// The subscription of topic $1: its owner and its handler's owner.
+inline constexpr const char kSubscriptionOf[] =
+    "SELECT s.owner::pg_catalog.oid,"
+    " (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = s.handler)"
+    " FROM outbox.inbox_subscription s WHERE s.topic = $1";
+
+inline constexpr const char kSubscribe[] =
+    "INSERT INTO outbox.inbox_subscription AS s (topic, handler, owner) VALUES ($1, $2, $3)"
+    " ON CONFLICT (topic) DO UPDATE SET handler = excluded.handler, owner = excluded.owner,"
+    " created_at = pg_catalog.now()";
+
+inline constexpr const char kUnsubscribe[] =
+    "DELETE FROM outbox.inbox_subscription WHERE topic = $1";
+
+}  // namespace outbox::sql::inbox_api

@@ -1,0 +1,49 @@
+// The relay's statements (texts in relay_sql.h).  Postgres-side: inside a
+// transaction with SPI connected; each may ereport(ERROR).
+#pragma once
+
+#include "outbox/kafka/producer.h"
+
+#include "outbox/pg.h"
+
+extern "C" {
+#include "storage/itemptr.h"
+}
+
+struct OutboxClaim {
+    // The rows to produce, in id order, pointing into SPI memory (valid
+    // until SPI_finish), with where each one is (the claim locked them).
+    outbox::kafka::Record *records;
+    ItemPointerData *ctids;
+    int n;
+    // Rows the claim returned (and locked) beyond records[n - 1]: the byte
+    // budget stopped at them.  They stay pending.
+    int left;
+};
+
+// Claims up to `limit` pending rows at or above `low_water` of key share
+// `share` of `shares`, skipping the keys of `skip_keys` (a text[]), and
+// prepares them for Kafka: each payload rendered as JSON text, text in
+// UTF-8 whatever the server's encoding, no more than `byte_budget` bytes of
+// values in all (the first row always goes).  A row whose payload cannot be
+// rendered gets Record::error instead.  `schema`: outbox_schema_version().
+void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int share,
+                        Datum skip_keys, int64 byte_budget, OutboxClaim *out);
+
+// The first pending (unparked) row at or above `from`, or -1.
+int64 outbox_relay_first_pending(int64 from);
+
+// The last id the message id sequence handed out (0 before the first).
+int64 outbox_relay_last_id(void);
+
+// Marks rows Kafka acknowledged: by ctid the rows this transaction's claim
+// locked, by id any others.
+void outbox_relay_mark_claimed(const ItemPointerData *ctids, int n);
+void outbox_relay_mark_by_id(const int64 *ids, int n);
+
+// Counts a failed attempt on each row, keeps its error text, parks it when
+// `park_now` or when Kafka refused it for good (`permanent`) for the
+// max_attempts-th time; logs each row it parks; returns how many.
+int outbox_relay_record_failures(const int64 *ids, const char *const *errors,
+                                 const bool *permanent, const bool *park_now, int n,
+                                 int max_attempts, const char *label);

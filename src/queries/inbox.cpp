@@ -1,0 +1,171 @@
+#include "outbox/queries/inbox.h"
+
+#include "outbox/policy.h"
+#include "outbox/queries/inbox_sql.h"
+#include "outbox/queries/spi.h"
+
+extern "C" {
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/uuid.h"
+}
+
+namespace sql = outbox::sql::inbox;
+
+namespace {
+
+OutboxQuery insert_query = {"storing inbox records", sql::kInsert, 10,
+                            {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, BYTEAARRAYOID, TEXTARRAYOID,
+                             BYTEAARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID},
+                            SPI_OK_INSERT, nullptr};
+OutboxQuery insert_raw_query = {
+    "storing an inbox record", sql::kInsertRaw, 10,
+    {TEXTOID, TEXTOID, TEXTOID, BYTEAOID, TEXTOID, BYTEAOID, TEXTOID, INT4OID, INT8OID, INT8OID},
+    SPI_OK_INSERT, nullptr};
+OutboxQuery subscriptions_query = {"reading inbox subscriptions", sql::kSubscriptions, 0, {},
+                                   SPI_OK_SELECT, nullptr};
+OutboxQuery retrying_query = {"reading retrying inbox keys", sql::kRetryingKeys, 1, {TEXTOID},
+                              SPI_OK_SELECT, nullptr};
+OutboxQuery claim_query = {"claiming inbox records", sql::kClaim, 5,
+                           {INT4OID, TEXTOID, INT4OID, INT4OID, TEXTARRAYOID}, SPI_OK_SELECT,
+                           nullptr};
+OutboxQuery next_retry_query = {"reading inbox retries", sql::kNextRetry, 0, {}, SPI_OK_SELECT,
+                                nullptr};
+OutboxQuery done_query = {"marking inbox records processed", sql::kDone, 1, {UUIDARRAYOID},
+                          SPI_OK_UPDATE, nullptr};
+OutboxQuery failed_query = {"recording a failed handler call", sql::kFailed, 5,
+                            {UUIDOID, TEXTOID, INT4OID, FLOAT8OID, FLOAT8OID},
+                            SPI_OK_UPDATE_RETURNING, nullptr};
+
+Datum bytea_array(bytea *const *values, int n) {
+    Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+    bool *nulls = static_cast<bool *>(palloc(sizeof(bool) * (n > 0 ? n : 1)));
+    for (int i = 0; i < n; i++) {
+        nulls[i] = values[i] == nullptr;
+        elems[i] = nulls[i] ? 0 : PointerGetDatum(values[i]);
+    }
+    int dims[1] = {n};
+    int lbs[1] = {1};
+    return PointerGetDatum(
+        construct_md_array(elems, nulls, 1, dims, lbs, BYTEAOID, -1, false, TYPALIGN_INT));
+}
+
+}  // namespace
+
+int64 outbox_inbox_insert(const OutboxInboxRow *rows, int n) {
+    auto strings = [&](auto field) {
+        const char **v = static_cast<const char **>(palloc(sizeof(char *) * (n > 0 ? n : 1)));
+        for (int i = 0; i < n; i++) v[i] = field(rows[i]);
+        return outbox_text_array_nullable(v, n);
+    };
+    auto bytes = [&](auto field) {
+        bytea **v = static_cast<bytea **>(palloc(sizeof(bytea *) * (n > 0 ? n : 1)));
+        for (int i = 0; i < n; i++) v[i] = field(rows[i]);
+        return bytea_array(v, n);
+    };
+    Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+    int64 *offsets = static_cast<int64 *>(palloc(sizeof(int64) * (n > 0 ? n : 1)));
+    int64 *stamps = static_cast<int64 *>(palloc(sizeof(int64) * (n > 0 ? n : 1)));
+    for (int i = 0; i < n; i++) {
+        partitions[i] = Int32GetDatum(rows[i].partition);
+        offsets[i] = rows[i].offset;
+        stamps[i] = rows[i].timestamp;
+    }
+    Datum values[10] = {
+        strings([](const OutboxInboxRow &r) { return r.event_id; }),
+        strings([](const OutboxInboxRow &r) { return r.topic; }),
+        strings([](const OutboxInboxRow &r) { return r.key; }),
+        bytes([](const OutboxInboxRow &r) { return r.key_bytes; }),
+        strings([](const OutboxInboxRow &r) { return r.payload; }),
+        bytes([](const OutboxInboxRow &r) { return r.value; }),
+        strings([](const OutboxInboxRow &r) { return r.headers; }),
+        PointerGetDatum(construct_array(partitions, n, INT4OID, 4, true, TYPALIGN_INT)),
+        outbox_int8_array(offsets, n),
+        outbox_int8_array(stamps, n)};
+    return static_cast<int64>(outbox_run(&insert_query, values, nullptr, 0));
+}
+
+int64 outbox_inbox_insert_raw(const OutboxInboxRow *row) {
+    Datum values[10] = {row->event_id ? CStringGetTextDatum(row->event_id) : 0,
+                        CStringGetTextDatum(row->topic),
+                        row->key ? CStringGetTextDatum(row->key) : 0,
+                        PointerGetDatum(row->key_bytes),
+                        CStringGetTextDatum(row->payload),
+                        PointerGetDatum(row->value),
+                        CStringGetTextDatum(row->headers),
+                        Int32GetDatum(row->partition),
+                        Int64GetDatum(row->offset),
+                        Int64GetDatum(row->timestamp)};
+    char nulls[10] = {row->event_id ? ' ' : 'n', ' ', row->key ? ' ' : 'n',
+                      row->key_bytes ? ' ' : 'n', ' ', row->value ? ' ' : 'n', ' ', ' ', ' ', ' '};
+    return static_cast<int64>(outbox_run(&insert_raw_query, values, nulls, 0));
+}
+
+int outbox_inbox_subscriptions(OutboxSubscription **subs) {
+    int n = static_cast<int>(outbox_run(&subscriptions_query, nullptr, nullptr, 0));
+    *subs = static_cast<OutboxSubscription *>(palloc0(sizeof(OutboxSubscription) * (n + 1)));
+    for (int i = 0; i < n; i++) {
+        bool isnull;
+        OutboxSubscription &s = (*subs)[i];
+        s.topic = outbox_col_text(i, sql::kSubTopic);
+        s.handler = DatumGetObjectId(outbox_col(i, sql::kSubHandler, &isnull));
+        Datum owner = outbox_col(i, sql::kSubFunctionOwner, &isnull);
+        s.exists = !isnull;
+        s.owner = isnull ? InvalidOid : DatumGetObjectId(owner);
+        Datum batch = outbox_col(i, sql::kSubBatch, &isnull);
+        s.batch = !isnull && DatumGetBool(batch);
+        Datum allowed = outbox_col(i, sql::kSubAllowed, &isnull);
+        s.allowed = !isnull && DatumGetBool(allowed);
+    }
+    return n;
+}
+
+char **outbox_inbox_retrying_keys(const char *topic, int *n) {
+    Datum values[1] = {CStringGetTextDatum(topic)};
+    *n = static_cast<int>(outbox_run(&retrying_query, values, nullptr, 0));
+    char **keys = static_cast<char **>(palloc(sizeof(char *) * (*n + 1)));
+    for (int i = 0; i < *n; i++) keys[i] = outbox_col_text(i, 1);
+    return keys;
+}
+
+int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
+                       int nblocked, OutboxInboxClaim **rows) {
+    std::size_t *blen = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (nblocked + 1)));
+    for (int i = 0; i < nblocked; i++) blen[i] = strlen(blocked[i]);
+    Datum values[5] = {Int32GetDatum(limit), CStringGetTextDatum(topic), Int32GetDatum(shares),
+                       Int32GetDatum(share), outbox_text_array(blocked, blen, nblocked)};
+    int n = static_cast<int>(outbox_run(&claim_query, values, nullptr, limit));
+    auto *out = static_cast<OutboxInboxClaim *>(palloc(sizeof(OutboxInboxClaim) * (n + 1)));
+    for (int i = 0; i < n; i++) {
+        bool isnull;
+        out[i].row = outbox_col(i, sql::kClaimRow, &isnull);
+        out[i].event_id = outbox_col(i, sql::kClaimEventId, &isnull);
+        out[i].key = outbox_col_text(i, sql::kClaimKey);  // NULL stays nullptr
+    }
+    *rows = out;
+    return n;
+}
+
+void outbox_inbox_done(const Datum *event_ids, int n) {
+    if (n == 0) return;
+    Datum values[1] = {PointerGetDatum(construct_array(const_cast<Datum *>(event_ids), n, UUIDOID,
+                                                       UUID_LEN, false, TYPALIGN_CHAR))};
+    outbox_run(&done_query, values, nullptr, 0);
+}
+
+bool outbox_inbox_failed(Datum event_id, const char *error, int max_attempts) {
+    Datum values[5] = {event_id, CStringGetTextDatum(error), Int32GetDatum(max_attempts),
+                       Float8GetDatum(outbox::policy::kHandlerRetryBaseSeconds),
+                       Float8GetDatum(outbox::policy::kHandlerRetryCapSeconds)};
+    uint64 n = outbox_run(&failed_query, values, nullptr, 0);
+    bool isnull;
+    return n > 0 && DatumGetBool(outbox_col(0, 1, &isnull));
+}
+
+TimestampTz outbox_inbox_next_retry(void) {
+    if (outbox_run(&next_retry_query, nullptr, nullptr, 0) == 0) return 0;
+    bool isnull = true;
+    Datum d = outbox_col(0, 1, &isnull);
+    return isnull ? 0 : DatumGetTimestampTz(d);
+}

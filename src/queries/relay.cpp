@@ -1,0 +1,249 @@
+#include "outbox/queries/relay.h"
+
+#include "outbox/queries/relay_sql.h"
+#include "outbox/queries/spi.h"
+#include "outbox/worker_common.h"
+
+extern "C" {
+#include "access/detoast.h"
+#include "catalog/pg_type.h"
+#include "mb/pg_wchar.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/uuid.h"
+#include "catalog/dependency.h"
+#include "catalog/namespace.h"
+#include "utils/lsyscache.h"
+}
+
+namespace sql = outbox::sql::relay;
+
+namespace {
+
+OutboxQuery claim_query = {
+    "claiming pending messages", sql::kClaim, 5,
+    {INT4OID, TEXTARRAYOID, INT4OID, INT4OID, INT8OID}, SPI_OK_SELECT, nullptr};
+OutboxQuery claim_query_before_12 = {
+    "claiming pending messages", sql::kClaimBefore12, 5,
+    {INT4OID, TEXTARRAYOID, INT4OID, INT4OID, INT8OID}, SPI_OK_SELECT, nullptr};
+OutboxQuery first_pending_query = {
+    "finding the first pending message", sql::kFirstPending, 1, {INT8OID}, SPI_OK_SELECT,
+    nullptr};
+OutboxQuery mark_claimed_query = {
+    "marking messages published", sql::kMarkClaimedPublished, 1, {TIDARRAYOID}, SPI_OK_UPDATE,
+    nullptr};
+OutboxQuery mark_by_id_query = {
+    "marking messages published", sql::kMarkPublished, 1, {INT8ARRAYOID}, SPI_OK_UPDATE, nullptr};
+OutboxQuery failures_query = {
+    "recording failed deliveries", sql::kRecordFailures, 5,
+    {INT8ARRAYOID, TEXTARRAYOID, BOOLARRAYOID, INT4OID, BOOLARRAYOID}, SPI_OK_UPDATE_RETURNING,
+    nullptr};
+
+// Payloads bigger than this (as jsonb) are rendered in a subtransaction: one
+// too big to render (its text past 1 GB) is parked instead of failing the
+// whole claim again and again.
+constexpr Size kRenderGuardBytes = 16 * 1024 * 1024;
+
+// Text in UTF-8: what Kafka clients expect of JSON, keys and header values.
+// A UTF-8 server needs nothing; SQL_ASCII has no encoding to convert from,
+// so its bytes go as they are.
+const char *to_utf8(const char *s, std::size_t *len) {
+    int enc = GetDatabaseEncoding();
+    if (enc == PG_UTF8 || enc == PG_SQL_ASCII || *len == 0) return s;
+    char *out = pg_server_to_any(s, static_cast<int>(*len), PG_UTF8);
+    if (out != s) *len = strlen(out);
+    return out;
+}
+
+const char *text_bytes(Datum d, std::size_t *len) {
+    text *t = reinterpret_cast<text *>(pg_detoast_datum_packed(
+        reinterpret_cast<varlena *>(DatumGetPointer(d))));
+    *len = VARSIZE_ANY_EXHDR(t);
+    return VARDATA_ANY(t);
+}
+
+char *jsonb_text(Datum d, std::size_t *len) {
+    Jsonb *jb = DatumGetJsonbP(d);
+    char *out = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
+    *len = strlen(out);
+    return out;
+}
+
+struct Render {
+    Datum jsonb;
+    char *text;
+    std::size_t len;
+};
+
+void render_call(void *arg) {
+    auto *r = static_cast<Render *>(arg);
+    r->text = jsonb_text(r->jsonb, &r->len);
+}
+
+void format_uuid(const pg_uuid_t *u, char *out) {
+    static const char hex[] = "0123456789abcdef";
+    int o = 0;
+    for (int i = 0; i < UUID_LEN; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) out[o++] = '-';
+        out[o++] = hex[u->data[i] >> 4];
+        out[o++] = hex[u->data[i] & 0xf];
+    }
+    out[o] = '\0';
+}
+
+}  // namespace
+
+void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int share,
+                        Datum skip_keys, int64 byte_budget, OutboxClaim *out) {
+    Datum values[5] = {Int32GetDatum(limit), skip_keys, Int32GetDatum(shares),
+                       Int32GetDatum(share), Int64GetDatum(low_water)};
+    OutboxQuery *q = schema >= kOutboxSchema12 ? &claim_query : &claim_query_before_12;
+    int n = static_cast<int>(outbox_run(q, values, nullptr, limit));
+    out->n = 0;
+    out->left = 0;
+    out->records = static_cast<outbox::kafka::Record *>(
+        palloc0(sizeof(outbox::kafka::Record) * (n > 0 ? n : 1)));
+    out->ctids = static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * (n > 0 ? n : 1)));
+    if (n == 0) return;
+
+    SPITupleTable *tuples = SPI_tuptable;  // a subtransaction below must not lose it
+    char *event_ids = static_cast<char *>(palloc(static_cast<Size>(n) * (UUID_LEN * 2 + 5)));
+    int64 used = 0;
+    for (int i = 0; i < n; i++) {
+        SPI_tuptable = tuples;
+        bool isnull;
+        bool is_binary = DatumGetBool(outbox_col(i, sql::kClaimIsBinary, &isnull));
+        Datum value = outbox_col(i, is_binary ? sql::kClaimValue : sql::kClaimPayload, &isnull);
+        bool has_value = !isnull;
+        int64 raw = has_value ? static_cast<int64>(toast_raw_datum_size(value)) : 0;
+        if (i > 0 && used + raw > byte_budget) {
+            out->left = n - i;
+            break;
+        }
+        used += raw;
+
+        outbox::kafka::Record &r = out->records[i];
+        r.id = DatumGetInt64(outbox_col(i, sql::kClaimId, &isnull));
+        char *eid = event_ids + static_cast<Size>(i) * (UUID_LEN * 2 + 5);
+        format_uuid(DatumGetUUIDP(outbox_col(i, sql::kClaimMessageId, &isnull)), eid);
+        r.event_id = eid;
+        r.topic = text_bytes(outbox_col(i, sql::kClaimTopic, &isnull), &r.topic_len);
+        r.order_key = text_bytes(outbox_col(i, sql::kClaimKey, &isnull), &r.order_key_len);
+        Datum p = outbox_col(i, sql::kClaimPartition, &isnull);
+        r.partition = isnull ? -1 : DatumGetInt32(p);
+        r.headers = jsonb_text(outbox_col(i, sql::kClaimHeaders, &isnull), &r.headers_len);
+        r.headers = to_utf8(r.headers, &r.headers_len);
+        if (is_binary) {
+            // Bytes, exactly as written: no conversion.
+            Datum k = outbox_col(i, sql::kClaimKeyBytes, &isnull);
+            if (!isnull) {
+                r.key = text_bytes(k, &r.key_len);
+            } else {
+                r.key = nullptr;
+                r.order_key = nullptr;  // no key: nothing to keep in order
+            }
+            if (has_value) r.value = text_bytes(value, &r.value_len);
+        } else {
+            r.key_len = r.order_key_len;
+            r.key = to_utf8(r.order_key, &r.key_len);
+            if (static_cast<Size>(raw) <= kRenderGuardBytes) {
+                r.value = jsonb_text(value, &r.value_len);
+            } else {
+                Render render{value, nullptr, 0};
+                char *error = nullptr;
+                if (outbox_worker_subtransaction(render_call, &render, &error)) {
+                    r.value = render.text;
+                    r.value_len = render.len;
+                } else {
+                    r.error = psprintf("the payload (%lld bytes as jsonb) cannot be rendered as "
+                                       "JSON text: %s",
+                                       static_cast<long long>(raw), error);
+                    r.value = "";
+                }
+            }
+            if (!r.error) r.value = to_utf8(r.value, &r.value_len);
+        }
+        bool ctid_null;
+        ItemPointerCopy(reinterpret_cast<ItemPointer>(
+                            DatumGetPointer(outbox_col(i, sql::kClaimCtid, &ctid_null))),
+                        &out->ctids[i]);
+        out->n = i + 1;
+    }
+    SPI_tuptable = tuples;
+}
+
+int64 outbox_relay_first_pending(int64 from) {
+    Datum values[1] = {Int64GetDatum(from)};
+    if (outbox_run(&first_pending_query, values, nullptr, 1) == 0) return -1;
+    bool isnull;
+    return DatumGetInt64(outbox_col(0, 1, &isnull));
+}
+
+int64 outbox_relay_last_id(void) {
+    Oid nsp = get_namespace_oid("outbox", false);
+    Oid rel = get_relname_relid("outbox_message", nsp);
+    Oid seq = OidIsValid(rel) ? getIdentitySequence(rel, 1, true) : InvalidOid;
+    if (!OidIsValid(seq)) return 0;
+    LOCAL_FCINFO(fcinfo, 1);
+    InitFunctionCallInfoData(*fcinfo, nullptr, 1, InvalidOid, nullptr, nullptr);
+    fcinfo->args[0].value = ObjectIdGetDatum(seq);
+    fcinfo->args[0].isnull = false;
+    Datum v = pg_sequence_last_value(fcinfo);
+    return fcinfo->isnull ? 0 : DatumGetInt64(v);
+}
+
+void outbox_relay_mark_claimed(const ItemPointerData *ctids, int n) {
+    if (n == 0) return;
+    Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) elems[i] = PointerGetDatum(&ctids[i]);
+    Datum values[1] = {PointerGetDatum(construct_array(elems, n, TIDOID, sizeof(ItemPointerData),
+                                                       false, TYPALIGN_SHORT))};
+    SetCurrentStatementStartTimestamp();
+    uint64 marked = outbox_run(&mark_claimed_query, values, nullptr, 0);
+    if (marked != static_cast<uint64>(n))
+        elog(WARNING, "pg outbox: marked %llu of %d acknowledged rows published",
+             static_cast<unsigned long long>(marked), n);
+}
+
+void outbox_relay_mark_by_id(const int64 *ids, int n) {
+    if (n == 0) return;
+    Datum values[1] = {outbox_int8_array(ids, n)};
+    SetCurrentStatementStartTimestamp();
+    outbox_run(&mark_by_id_query, values, nullptr, 0);
+}
+
+int outbox_relay_record_failures(const int64 *ids, const char *const *errors,
+                                 const bool *permanent, const bool *park_now, int n,
+                                 int max_attempts, const char *label) {
+    if (n == 0) return 0;
+    Datum *texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    Datum *flags = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    Datum *now = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) {
+        texts[i] = CStringGetTextDatum(errors[i]);
+        flags[i] = BoolGetDatum(permanent[i]);
+        now[i] = BoolGetDatum(park_now[i]);
+    }
+    Datum values[5] = {outbox_int8_array(ids, n),
+                       PointerGetDatum(construct_array(texts, n, TEXTOID, -1, false, TYPALIGN_INT)),
+                       PointerGetDatum(construct_array(flags, n, BOOLOID, 1, true, TYPALIGN_CHAR)),
+                       Int32GetDatum(max_attempts),
+                       PointerGetDatum(construct_array(now, n, BOOLOID, 1, true, TYPALIGN_CHAR))};
+    uint64 rows = outbox_run(&failures_query, values, nullptr, 0);
+    // One line per message parked now (rare); never the payload.
+    int parked = 0;
+    for (uint64 i = 0; i < rows; i++) {
+        bool isnull;
+        if (!DatumGetBool(outbox_col(i, sql::kFailureParkedNow, &isnull))) continue;
+        parked++;
+        ereport(WARNING,
+                (errmsg("%s: parked message %s (topic \"%s\") after %s failed attempts", label,
+                        outbox_col_text(i, sql::kFailureMessageId),
+                        outbox_col_text(i, sql::kFailureTopic),
+                        outbox_col_text(i, sql::kFailureAttempts)),
+                 errdetail("Last error: %s", outbox_col_text(i, sql::kFailureError)),
+                 errhint("See outbox.parked_messages; outbox.retry(message_id) puts it back.")));
+    }
+    return parked;
+}

@@ -1,0 +1,90 @@
+-- ALTER EXTENSION outbox UPDATE from 1.0: data kept, new objects there, and
+-- the same schema as a fresh CREATE EXTENSION (sql/outbox--1.2.sql).
+
+-- Every object of the extension, described so that two installs compare.
+CREATE FUNCTION pg_temp.outbox_schema() RETURNS SETOF text LANGUAGE sql AS $$
+    SELECT 'column ' || c.relname || '.' || a.attname || ' #' || a.attnum || ' '
+           || pg_catalog.format_type(a.atttypid, a.atttypmod)
+           || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+           || coalesce(' default ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+           || CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+     WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'v')
+    UNION ALL
+    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' options ' || coalesce(c.reloptions::text, '')
+           || ' acl ' || coalesce(c.relacl::text, '')
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'v', 'S')
+    UNION ALL
+    SELECT 'index ' || pg_catalog.pg_get_indexdef(i.indexrelid)
+      FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = 'outbox'
+    UNION ALL
+    SELECT 'constraint ' || r.conname || ' ' || pg_catalog.pg_get_constraintdef(r.oid)
+      FROM pg_constraint r JOIN pg_namespace n ON n.oid = r.connamespace WHERE n.nspname = 'outbox'
+    UNION ALL
+    SELECT 'view ' || c.relname || ' ' || pg_catalog.pg_get_viewdef(c.oid)
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = 'outbox' AND c.relkind = 'v'
+    UNION ALL
+    SELECT 'function ' || pg_catalog.pg_get_functiondef(p.oid) || ' acl ' || coalesce(p.proacl::text, '')
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'outbox'
+    UNION ALL
+    SELECT 'dumped ' || t::regclass::text
+      FROM pg_extension e, unnest(e.extconfig) AS t WHERE e.extname = 'outbox'
+    UNION ALL
+    SELECT 'schema acl ' || coalesce(nspacl::text, '') FROM pg_namespace WHERE nspname = 'outbox'
+$$;
+
+CREATE EXTENSION outbox;
+CREATE TEMP TABLE fresh AS SELECT * FROM pg_temp.outbox_schema() AS d;
+DROP EXTENSION outbox;
+
+CREATE EXTENSION outbox VERSION '1.0';
+SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+SELECT outbox.write('order.events', 'before-upgrade', '{"n": 1}') IS NOT NULL AS wrote;
+SELECT outbox.mark_processed('evt-before-upgrade') AS marked;
+-- A grant made under 1.0 survives the change of write()'s signature.
+CREATE ROLE regress_outbox_old_writer;
+GRANT USAGE ON SCHEMA outbox TO regress_outbox_old_writer;
+GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb) TO regress_outbox_old_writer;
+
+ALTER EXTENSION outbox UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+
+-- The rows written under 1.0 are all there, and 1.2's objects work.
+SELECT key, payload, is_binary FROM outbox.outbox_message;
+SELECT outbox.mark_processed('evt-before-upgrade') AS marked_again;
+SELECT pending FROM outbox.stats;
+SELECT outbox.replay('2000-01-01') AS replayed;
+SELECT outbox.write('order.events', 'after-upgrade', '{"n": 2}', partition => 1) IS NOT NULL AS wrote;
+SELECT outbox.write_bytes('order.events', 'k'::bytea, NULL) IS NOT NULL AS tombstone;
+SELECT count(*) FROM outbox.outbox_message;
+SET ROLE regress_outbox_old_writer;
+SELECT outbox.write('order.events', 'by-old-grant', '{}') IS NOT NULL AS still_may_write;
+RESET ROLE;
+
+-- The upgraded schema is the fresh one, object for object (no rows: none
+-- differs), once the test's own grants are gone.
+REVOKE ALL ON FUNCTION outbox.write(text, text, jsonb, jsonb, integer) FROM regress_outbox_old_writer;
+REVOKE ALL ON SCHEMA outbox FROM regress_outbox_old_writer;
+CREATE TEMP TABLE upgraded AS SELECT * FROM pg_temp.outbox_schema() AS d;
+(SELECT 'only fresh' AS side, d FROM fresh EXCEPT SELECT 'only fresh', d FROM upgraded)
+UNION ALL
+(SELECT 'only upgraded', d FROM upgraded EXCEPT SELECT 'only upgraded', d FROM fresh)
+ORDER BY 1, 2;
+SELECT count(*) > 50 AS compared_many_objects FROM fresh;
+
+-- Every object of the extension, as the update leaves it.
+SELECT pg_describe_object(classid, objid, 0) AS object
+  FROM pg_depend
+ WHERE refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
+   AND deptype = 'e'
+ ORDER BY 1;
+
+DROP EXTENSION outbox;
+DROP OWNED BY regress_outbox_old_writer;
+DROP ROLE regress_outbox_old_writer;
