@@ -211,6 +211,7 @@ class Collector:
     def __init__(self, bootstrap, topic="order.events", partitions=4, label=0):
         self.label = label  # orders records of several clusters: lower label first
         self.records = []
+        self.raw = []  # the consumer's messages themselves: bytes as Kafka has them
         self.errors = []
         self.lock = threading.Lock()
         self.stop_flag = threading.Event()
@@ -233,29 +234,36 @@ class Collector:
         while not self.stop_flag.is_set():
             msgs = self.consumer.consume(num_messages=1000, timeout=0.1)
             batch = []
+            raw = []
             for m in msgs:
                 if m.error():
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         self.errors.append(str(m.error()))
                     continue
+                raw.append(m)
                 batch.append({
                     "cluster": self.label,
                     "topic": m.topic(),
                     "partition": m.partition(),
                     "offset": m.offset(),
-                    "key": m.key().decode() if m.key() is not None else None,
-                    "value": m.value().decode() if m.value() is not None else None,
-                    "headers": {k: (v.decode() if v is not None else None)
+                    "key": m.key().decode(errors="replace") if m.key() is not None else None,
+                    "value": m.value().decode(errors="replace") if m.value() is not None else None,
+                    "headers": {k: (v.decode(errors="replace") if v is not None else None)
                                 for k, v in (m.headers() or [])},
                     "received": time.time(),
                 })
             if batch:
                 with self.lock:
                     self.records.extend(batch)
+                    self.raw.extend(raw)
 
     def snapshot(self):
         with self.lock:
             return list(self.records)
+
+    def consumer_raw(self):
+        with self.lock:
+            return list(self.raw)
 
     def event_ids(self):
         return {r["headers"].get("event_id") for r in self.snapshot()}
