@@ -56,25 +56,27 @@ const char *role_name(Oid role) {
     return OidIsValid(role) ? GetUserNameFromId(role, false) : "(none)";
 }
 
+// Runs `q` as the extension's owner (the table is not readable or writable
+// by others); returns the rows, in SPI_tuptable.
+uint64 run_as_extension_owner(OutboxQuery *q, const Datum *values) {
+    Oid save_user;
+    int save_sec;
+    GetUserIdAndSecContext(&save_user, &save_sec);
+    SetUserIdAndSecContext(outbox_extension_owner(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+    uint64 n = outbox_run(q, values, nullptr, 0);
+    SetUserIdAndSecContext(save_user, save_sec);
+    return n;
+}
+
 // The current subscription of `topic`: false when there is none.
 bool current_subscription(text *topic, Oid *owner, Oid *handler_owner) {
     Datum values[1] = {PointerGetDatum(topic)};
-    if (outbox_run(&subscription_of_query, values, nullptr, 1) == 0) return false;
+    if (run_as_extension_owner(&subscription_of_query, values) == 0) return false;
     bool isnull;
     *owner = DatumGetObjectId(outbox_col(0, 1, &isnull));
     Datum h = outbox_col(0, 2, &isnull);
     *handler_owner = isnull ? InvalidOid : DatumGetObjectId(h);
     return true;
-}
-
-// Runs `q` as the extension's owner (the table is not writable by others).
-void run_as_extension_owner(OutboxQuery *q, const Datum *values) {
-    Oid save_user;
-    int save_sec;
-    GetUserIdAndSecContext(&save_user, &save_sec);
-    SetUserIdAndSecContext(outbox_extension_owner(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-    outbox_run(q, values, nullptr, 0);
-    SetUserIdAndSecContext(save_user, save_sec);
 }
 
 }  // namespace

@@ -310,6 +310,61 @@ TEST(Producer, BrokerDownKeepsRecordsInFlightUntilItReturns) {
     EXPECT_TRUE(said_up);
 }
 
+// librdkafka's queue is full (Kafka away, a big batch): produce() never
+// waits for room; the rest of the batch is held back, neither produced nor
+// failed, so its rows stay pending for a later claim.
+TEST(Producer, AFullQueueHoldsTheRestOfTheBatchWithoutWaiting) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1], "queue.buffering.max.messages=10");
+    rd_kafka_mock_broker_set_down(cluster.mc, -1);
+    std::vector<Row> rows;
+    for (int i = 1; i <= 100; i++) rows.push_back(row(i, "k" + std::to_string(i)));
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    EXPECT_EQ(p->in_flight(), 10u);
+    EXPECT_EQ(p->held_count(), 90u);
+    EXPECT_EQ(p->failed_count(), 0u) << "a full queue is no refusal";
+    rd_kafka_mock_broker_set_up(cluster.mc, -1);
+    wait_all(*p, 30);
+    EXPECT_EQ(p->acked_count(), 10u);
+}
+
+// A row the relay could not prepare (Record::error) fails at once, for good,
+// to be parked; the later records of its key are held back.
+TEST(Producer, AnUnpreparedRecordFailsToBeParkedAndHoldsItsKey) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {row(1, "a"), row(2, "a"), row(3, "b")};
+    auto recs = records_of(rows);
+    recs[0].error = "the payload cannot be rendered";
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_TRUE(p->failed_permanent(0));
+    EXPECT_TRUE(p->failed_park_now(0));
+    EXPECT_EQ(p->held_count(), 1u);
+    EXPECT_EQ(acked(*p), std::set<int64_t>{3});
+}
+
+// write_bytes(): no key, a null value (a tombstone), an explicit partition.
+TEST(Producer, KeylessTombstonesAndExplicitPartitions) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {row(1, ""), row(2, "gone"), row(3, "p")};
+    auto recs = records_of(rows);
+    recs[0].key = nullptr;
+    recs[0].order_key = nullptr;
+    recs[1].value = nullptr;
+    recs[2].partition = 1;
+    p->produce(recs.data(), recs.size());
+    EXPECT_EQ(p->snapshot_in_flight_keys(), 2u) << "a record without a key orders nothing";
+    wait_all(*p);
+    ASSERT_EQ(acked(*p), (std::set<int64_t>{1, 2, 3}));
+}
+
 TEST(Producer, BatchesOverlapAndInFlightKeysAreListed) {
     MockCluster cluster;
     Pipe pipe;

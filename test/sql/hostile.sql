@@ -1,0 +1,74 @@
+-- Hostile roles, on the SQL side (the workers' side is in
+-- test/e2e/test_hostile.py).  Each block is an attack a role could try.
+CREATE EXTENSION outbox;
+CREATE ROLE regress_attacker;
+CREATE ROLE regress_victim;
+CREATE ROLE regress_monitor IN ROLE pg_monitor;
+GRANT USAGE ON SCHEMA outbox TO regress_attacker, regress_victim;
+GRANT EXECUTE ON FUNCTION outbox.write, outbox.inbox_subscribe, outbox.inbox_unsubscribe
+   TO regress_attacker, regress_victim;
+GRANT CREATE ON SCHEMA public TO regress_attacker, regress_victim;
+CREATE SCHEMA evil AUTHORIZATION regress_attacker;
+
+-- A writer with EXECUTE only, and an evil search_path: write() resolves
+-- nothing through it (its statements run with search_path pinned).
+SET ROLE regress_attacker;
+CREATE FUNCTION evil.texteq(text, text) RETURNS boolean LANGUAGE sql
+    AS $$ SELECT pg_catalog.texteq($1, $2) $$;
+CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq);
+SET search_path = evil, pg_catalog, public;
+SELECT outbox.write('order.events', 'k', '{"a": 1}') IS NOT NULL AS wrote;
+SHOW search_path;  -- the caller's own setting is untouched
+RESET search_path;
+
+-- A message larger than outbox.max_message_bytes is refused at write
+-- time, naming the size; the limit is not the writer's to raise.
+SELECT outbox.write('order.events', 'big', jsonb_build_object('x', repeat('x', 1100000)));
+SELECT outbox.write_bytes('order.events', 'big', decode(repeat('00', 1100000), 'hex'));
+SET outbox.max_message_bytes = '10MB';
+-- Control characters print six times longer as JSON text: measured as sent.
+SELECT outbox.write('order.events', 'ctl', jsonb_build_object('x', repeat(chr(1), 200000)));
+RESET ROLE;
+SET outbox.max_message_bytes = '10MB';  -- a superuser may
+SELECT outbox.write('order.events', 'ctl', jsonb_build_object('x', repeat(chr(1), 200000))) IS NOT NULL AS wrote;
+RESET outbox.max_message_bytes;
+
+-- Subscriptions: a role may subscribe only a function it owns, may not
+-- take over another role's topic, and may not write the table.
+SET ROLE regress_victim;
+CREATE FUNCTION public.victim_handler(m outbox.inbox_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+SELECT outbox.inbox_subscribe('payments', 'public.victim_handler(outbox.inbox_message)');
+SET ROLE regress_attacker;
+CREATE FUNCTION public.attacker_handler(m outbox.inbox_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+SELECT outbox.inbox_subscribe('orders', 'public.victim_handler(outbox.inbox_message)');
+SELECT outbox.inbox_subscribe('payments', 'public.attacker_handler(outbox.inbox_message)');
+SELECT outbox.inbox_unsubscribe('payments');
+INSERT INTO outbox.inbox_subscription (topic, handler, owner)
+    VALUES ('orders', 'public.attacker_handler(outbox.inbox_message)', 'postgres');
+UPDATE outbox.inbox_subscription SET owner = 'postgres';
+SELECT outbox.inbox_subscribe('orders', 'public.attacker_handler(outbox.inbox_message)');
+RESET ROLE;
+SELECT topic, handler, owner FROM outbox.inbox_subscription ORDER BY topic;
+-- A superuser may subscribe any role's function: it runs as that role.
+SELECT outbox.inbox_subscribe('payments', 'public.attacker_handler(outbox.inbox_message)');
+SELECT topic, owner, (SELECT proowner::regrole FROM pg_proc WHERE oid = handler) AS runs_as
+  FROM outbox.inbox_subscription ORDER BY topic;
+
+-- Secrets: outbox.kafka_config refuses them, and no error repeats a value
+-- (not even of a misspelt property, nor a value without a name).
+ALTER SYSTEM SET outbox.kafka_config = 'sasl.password=hunter2secret';
+ALTER SYSTEM SET outbox.kafka_config = 'security.protocol=SASL_SSL;ssl.key.password=hunter2secret';
+ALTER SYSTEM SET outbox.kafka_config = 'sasl.pasword=hunter2secret';
+ALTER SYSTEM SET outbox.kafka_config = 'linger.ms=5;hunter2secret';
+ALTER SYSTEM SET outbox.kafka_config = 'security.protocol=hunter2secret';
+-- A pg_monitor member reads settings, but no secret is in any of them; the
+-- file that holds them is named, its content is read by the workers only.
+SET ROLE regress_monitor;
+SELECT name FROM pg_settings WHERE name LIKE 'outbox.kafka%' ORDER BY name;
+SHOW outbox.kafka_config_file;
+SELECT count(*) FROM pg_file_settings;
+RESET ROLE;
+
+DROP OWNED BY regress_attacker, regress_victim;
+DROP EXTENSION outbox;
+DROP ROLE regress_attacker, regress_victim, regress_monitor;
