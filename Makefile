@@ -21,7 +21,7 @@ SHLIB_LINK   = -lrdkafka -lstdc++
 
 # pg_regress (test/sql, test/expected): SQL API, errors, privileges,
 # mark_processed semantics, upgrades.
-REGRESS      = api privileges processed_event parking operations inbox hostile upgrade
+REGRESS      = api privileges processed_event parking operations inbox hostile plans upgrade
 REGRESS_OPTS = --inputdir=test --temp-instance=tmp_check --temp-config=$(CURDIR)/test/regress.conf
 # pg_isolation_regress (test/specs, test/expected): concurrent sessions.
 ISOLATION      = mark_processed_race relay_claim

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test", "e2e"))
@@ -344,26 +345,268 @@ def retention_run(pg, seconds, rate, retention_s):
     return samples
 
 
+
+# ---- a long snapshot ---------------------------------------------------------
+
+ONE_WRITE = (f"SELECT outbox.write('{TOPIC}', 'key-' || (random() * {KEYS})::int, "
+             f"jsonb_build_object('id', 1, 'pad', repeat('x', {PAD})));\n")
+
+
+def relay_cpu_s(pid):
+    """utime + stime of a process, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def snapshot_run(pg, before_s, held_s, after_s, rate):
+    """Writers at `rate` msg/s; after before_s a REPEATABLE READ transaction
+    takes a snapshot and holds it for held_s (as a pg_dump or a report would).
+    Per 10 s window: p99 of commit -> published (published_at - created_at:
+    each write is its own transaction), and the relay's CPU per message."""
+    pg.sql("TRUNCATE outbox.outbox_message")
+    pg.sql("VACUUM outbox.outbox_message")
+    if os.environ.get("NOAV"):
+        pg.sql("ALTER TABLE outbox.outbox_message SET (autovacuum_enabled = false)")
+    path = os.path.join(pg.dir, "one-write.sql")
+    with open(path, "w") as f:
+        f.write(ONE_WRITE)
+    os.chmod(path, 0o644)
+    total = before_s + held_s + after_s
+    cmd = [os.path.join(PG_BIN, "pgbench"), "-n", "-h", pg.dir, "-p", str(pg.port), "-U",
+           "postgres", "-c", "4", "-j", "2", "-R", str(rate), "-T", str(total), "-f", path,
+           "postgres"]
+    pid = relay_pid(pg)
+    t0 = pg.scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+    p = subprocess.Popen(as_postgres(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cpu = []  # (seconds since t0, relay cpu seconds)
+    holder = None
+    held_at = released_at = None
+    while p.poll() is None:
+        now = time.time() - t0
+        cpu.append((now, relay_cpu_s(pid)))
+        if holder is None and now >= before_s:
+            holder = pg.connect()
+            holder.autocommit = False
+            with holder.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cur.execute("SELECT count(*) FROM outbox.outbox_message")
+            held_at = now
+        if holder is not None and released_at is None and now >= before_s + held_s:
+            dead = pg.scalar("SELECT n_dead_tup FROM pg_stat_user_tables "
+                             "WHERE relid = 'outbox.outbox_message'::regclass")
+            holder.commit()
+            holder.close()
+            released_at = now
+        time.sleep(1)
+    wait_until(lambda: pending(pg) == 0, 120, what="the snapshot run to drain")
+    rows = pg.sql("""SELECT floor((extract(epoch FROM created_at) - %s) / 10)::int AS w, count(*),
+                            percentile_disc(0.99) WITHIN GROUP
+                                (ORDER BY extract(epoch FROM published_at - created_at) * 1000),
+                            percentile_disc(0.5) WITHIN GROUP
+                                (ORDER BY extract(epoch FROM published_at - created_at) * 1000)
+                       FROM outbox.outbox_message GROUP BY 1 ORDER BY 1""", (t0,))
+    windows = []
+    for w, n, p99, p50 in rows:
+        lo, hi = w * 10, w * 10 + 10
+        c = [c for t, c in cpu if lo <= t < hi + 1]
+        us = (c[-1] - c[0]) / n * 1e6 if len(c) > 1 and n else None
+        state = ("held" if held_at is not None and lo >= held_at and hi <= released_at
+                 else "before" if hi <= before_s else "after" if lo >= before_s + held_s else "edge")
+        windows.append({"from_s": lo, "n": n, "p50": float(p50), "p99": float(p99),
+                        "cpu_us_per_msg": us, "state": state})
+    pg.sql("TRUNCATE outbox.outbox_message")
+    return {"windows": windows, "dead_tuples_at_release": dead}
+
+
+# ---- writers at full speed ---------------------------------------------------
+
+def writers_run(pg, clients, seconds, runs):
+    """tx/s of 4 writers at full speed with the relay idle (outbox.brokers
+    empty) and publishing everything, in pairs run back to back (order
+    alternating)."""
+    idle, publishing = [], []
+    for r in range(runs):
+        order = [("idle", idle), ("publishing", publishing)]
+        if r % 2:
+            order.reverse()
+        for mode, into in order:
+            pg.sql("TRUNCATE outbox.outbox_message, orders")
+            if mode == "idle":
+                pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+            else:
+                pg.sql("ALTER SYSTEM RESET outbox.brokers")
+            pg.reload()
+            time.sleep(1.5)
+            into.append(pgbench_tps(pg, WITH_OUTBOX, clients, seconds))
+            if mode == "publishing":
+                wait_until(lambda: pending(pg) == 0, 120, what="the writers' messages published")
+    pg.sql("ALTER SYSTEM RESET outbox.brokers")
+    pg.reload()
+    pg.sql("TRUNCATE outbox.outbox_message, orders")
+    return idle, publishing
+
+
+# ---- a distant broker --------------------------------------------------------
+
+def delay_run(pg, broker, n, runs, rtt_ms):
+    """Drains of n with no added broker latency and with rtt_ms on every
+    response, in pairs (order alternating)."""
+    near, far = [], []
+    for r in range(runs):
+        order = [(0, near), (rtt_ms, far)]
+        if r % 2:
+            order.reverse()
+        for rtt, into in order:
+            broker.ctl("rtt", rtt)
+            time.sleep(0.5)
+            into.append(drain_once(pg, n)[0])
+    broker.ctl("rtt", 0)
+    return near, far
+
+
+# ---- a large backlog ---------------------------------------------------------
+
+def backlog_run(pg, n, chunk=1000000):
+    """A backlog of n messages committed at once (written in chunks of one
+    transaction each, with the relay stopped), drained: the rate and the
+    relay's memory."""
+    pg.sql("TRUNCATE outbox.outbox_message")
+    pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+    pg.reload()
+    time.sleep(1)
+    left = n
+    while left > 0:
+        pg.sql(BACKLOG_SQL, (min(chunk, left),))
+        left -= chunk
+    pg.sql("VACUUM ANALYZE outbox.outbox_message")
+    pg.sql("CHECKPOINT")
+    pid = relay_pid(pg)
+    before = rss_kb(pid)
+    peak = before
+    pg.sql("ALTER SYSTEM RESET outbox.brokers")
+    t0 = time.time()
+    pg.reload()
+    while pending(pg) > 0:
+        peak = max(peak, rss_kb(pid))
+        time.sleep(0.5)
+    last = pg.scalar("SELECT extract(epoch FROM max(published_at)) FROM outbox.outbox_message")
+    rate = n / (float(last) - t0)
+    pg.sql("TRUNCATE outbox.outbox_message")
+    return rate, before, peak
+
+
+# ---- inbox: set-based handlers, a slow topic beside a fast one ---------------
+
+SET_HANDLER = """
+CREATE OR REPLACE FUNCTION bench_batch_handler(msgs outbox.inbox_message[]) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO inbox_handled SELECT m.event_id, m.key, (m.payload->>'id')::numeric
+      FROM unnest(msgs) AS m;
+$$;
+"""
+
+SLOW_TOPIC = "bench.slow"
+FAST_TOPIC = "bench.fast"
+SLOW_HANDLERS = """
+CREATE TABLE IF NOT EXISTS slow_handled (event_id uuid PRIMARY KEY);
+CREATE OR REPLACE FUNCTION bench_slow(msg outbox.inbox_message) RETURNS void LANGUAGE sql AS $$
+    SELECT pg_sleep(0.05); INSERT INTO slow_handled VALUES (msg.event_id);
+$$;
+CREATE TABLE IF NOT EXISTS fast_handled (event_id uuid PRIMARY KEY);
+CREATE OR REPLACE FUNCTION bench_fast(msg outbox.inbox_message) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO fast_handled VALUES (msg.event_id);
+$$;
+"""
+
+
+def inbox_handler_rate(pg, broker, n, handler):
+    """Stores a burst of n records unsubscribed, then times `handler`
+    (regprocedure text) working them off."""
+    pg.sql(INBOX_SCHEMA + SET_HANDLER)
+    pg.sql("TRUNCATE outbox.inbox_message, inbox_handled")
+    pg.sql("SELECT outbox.inbox_unsubscribe(%s)", (INBOX_TOPIC,))
+    subprocess.run([os.path.join(BUILD, "produce_ceiling"), broker.bootstrap, INBOX_TOPIC,
+                    str(n), str(KEYS), "200", "0"], check=True, capture_output=True)
+    wait_until(lambda: pg.scalar("SELECT count(*) FROM outbox.inbox_message") >= n, 300,
+               interval=0.05, what="the burst stored")
+    t1 = time.time()
+    pg.sql("SELECT outbox.inbox_subscribe(%s, %s)", (INBOX_TOPIC, handler))
+    wait_until(lambda: pg.scalar("SELECT count(*) FROM inbox_handled") >= n, 600,
+               interval=0.05, what="the burst handled")
+    rate = n / (time.time() - t1)
+    pg.sql("SELECT outbox.inbox_unsubscribe(%s)", (INBOX_TOPIC,))
+    return rate
+
+
+def slow_fast_run(pg, broker, slow_n, fast_rate, seconds):
+    """A slow handler (50 ms a record) works through a backlog of slow_n
+    records on one topic while another topic gets fast_rate records/s: the
+    fast topic's store -> handled p50 / p99."""
+    pg.sql(SLOW_HANDLERS)
+    pg.sql("TRUNCATE outbox.inbox_message, slow_handled, fast_handled")
+    for topic, fn in ((SLOW_TOPIC, "bench_slow"), (FAST_TOPIC, "bench_fast")):
+        pg.sql("SELECT outbox.inbox_subscribe(%s, %s)", (topic, f"{fn}(outbox.inbox_message)"))
+    subprocess.run([os.path.join(BUILD, "produce_ceiling"), broker.bootstrap, SLOW_TOPIC,
+                    str(slow_n), str(KEYS), "200", "0"], check=True, capture_output=True)
+    from confluent_kafka import Producer
+    prod = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 2})
+    end = time.time() + seconds
+    i = 0
+    while time.time() < end:
+        prod.produce(FAST_TOPIC, key=f"k{i % 100}", value=b'{"id": 1}',
+                     headers=[("event_id", str(uuid.uuid4()))])
+        prod.poll(0)
+        i += 1
+        time.sleep(1 / fast_rate)
+    prod.flush(30)
+    wait_until(lambda: pg.scalar("SELECT count(*) FROM fast_handled") >= i, 120,
+               what="the fast topic handled")
+    slow_left = pg.scalar("SELECT count(*) FROM outbox.inbox_message "
+                          "WHERE topic = %s AND NOT processed", (SLOW_TOPIC,))
+    p50, p99 = pg.sql("""SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY d),
+                                percentile_disc(0.99) WITHIN GROUP (ORDER BY d)
+                           FROM (SELECT extract(epoch FROM processed_at - received_at) * 1000 AS d
+                                   FROM outbox.inbox_message WHERE topic = %s) s""",
+                      (FAST_TOPIC,))[0]
+    for topic in (SLOW_TOPIC, FAST_TOPIC):
+        pg.sql("SELECT outbox.inbox_unsubscribe(%s)", (topic,))
+    return {"fast_n": i, "p50": float(p50), "p99": float(p99), "slow_still_waiting": slow_left}
+
 # ---- main --------------------------------------------------------------------
+
+SCENARIOS = ("drain", "latency", "write", "memory", "inbox", "retention", "snapshot", "writers",
+             "delay", "backlog", "inbox_scale")
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer, shorter runs (smoke test)")
+    ap.add_argument("--only", default=",".join(SCENARIOS),
+                    help="comma-separated scenarios: " + ", ".join(SCENARIOS))
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    unknown = only - set(SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     runs = 2 if args.quick else args.runs
     drain_n = 20000 if args.quick else 100000
     rss_n = 100000 if args.quick else 1000000
     lat_seconds = 5 if args.quick else 20
     write_seconds = 3 if args.quick else 4
 
-    broker = TestBroker(topics=(f"{TOPIC}:{PARTITIONS}", f"{INBOX_TOPIC}:{PARTITIONS}"))
+    broker = TestBroker(topics=(f"{TOPIC}:{PARTITIONS}", f"{INBOX_TOPIC}:{PARTITIONS}",
+                                f"{SLOW_TOPIC}:{PARTITIONS}", f"{FAST_TOPIC}:{PARTITIONS}"))
     pg = PgCluster({"outbox.brokers": f"'{broker.bootstrap}'",
                     "fsync": "on", "synchronous_commit": "on", "autovacuum_naptime": "'10s'",
-                    "outbox.inbox": "on", "outbox.inbox_topics": f"'{INBOX_TOPIC}'",
+                    "outbox.inbox": "on",
+                    "outbox.inbox_topics": f"'{INBOX_TOPIC}, {SLOW_TOPIC}, {FAST_TOPIC}'",
                     "shared_buffers": "'512MB'", "max_wal_size": "'8GB'",
                     "checkpoint_timeout": "'30min'"}, name="outbox-bench")
     results = {}
+    lines = ["| measure | median (min-max) | ratio |", "|---|---|---|"]
+    extra_tables = []
     try:
         pg.start()
         pg.sql("CREATE EXTENSION outbox")
@@ -373,115 +616,185 @@ def main():
         pg.sql("SELECT 1 FROM outbox.write('warmup', 'k', '{}')")  # producer connected
         wait_until(lambda: pending(pg) == 0, 30, what="warm-up")
 
-        # Drain and both ceilings run in turn, so that the machine's drift
-        # (a shared VM here) hits them alike; ratios are taken per round.
-        print(f"drain and ceilings: {runs} rounds of {drain_n:,} messages ...", flush=True)
-        drains, kafka, db, ratios = [], [], [], []
-        for _ in range(runs):
-            drains.append(drain_once(pg, drain_n)[0])
-            kafka.append(kafka_ceiling_once(broker, drain_n))
-            db.append(db_ceiling_once(pg, drain_n))
-            ratios.append(drains[-1] / min(kafka[-1], db[-1]))
-        ceiling = min(med(kafka), med(db))
-        results["drain"] = drains
-        results["kafka_ceiling"] = kafka
-        results["db_ceiling"] = db
+        if "drain" in only:
+            # Drain and both ceilings run in turn, so that the machine's drift
+            # (a shared VM here) hits them alike; ratios are taken per round.
+            print(f"drain and ceilings: {runs} rounds of {drain_n:,} messages ...", flush=True)
+            drains, kafka, db, ratios = [], [], [], []
+            for _ in range(runs):
+                drains.append(drain_once(pg, drain_n)[0])
+                kafka.append(kafka_ceiling_once(broker, drain_n))
+                db.append(db_ceiling_once(pg, drain_n))
+                ratios.append(drains[-1] / min(kafka[-1], db[-1]))
+            results.update(drain=drains, kafka_ceiling=kafka, db_ceiling=db)
+            lines.append(f"| drain, {drain_n:,} x 200 B, {KEYS:,} keys | {fmt_range(drains, ' msg/s')} "
+                         f"| {med(ratios):.0%} of the lower ceiling (per-round ratios "
+                         f"{min(ratios):.0%}-{max(ratios):.0%}) |")
+            lines.append(f"| ceiling: test broker, plain librdkafka producer, batches of 1,000 | "
+                         f"{fmt_range(kafka, ' msg/s')} | drain = {med(drains) / med(kafka):.0%} |")
+            lines.append(f"| ceiling: database, the relay's claim + mark SQL alone | "
+                         f"{fmt_range(db, ' msg/s')} | drain = {med(drains) / med(db):.0%} |")
 
-        print(f"latency: {min(runs, 3)} runs of {lat_seconds} s at 1,000 msg/s, twice ...",
-              flush=True)
-        pg.sql("TRUNCATE outbox.outbox_message")
-        lats = [latency_once(pg, broker, 1000, lat_seconds) for _ in range(min(runs, 3))]
-        # The same with the relay's commits not waiting for their WAL flush.
-        pg.sql("ALTER SYSTEM SET outbox.synchronous_commit = off")
-        pg.reload()
-        time.sleep(1)
-        lats_async = [latency_once(pg, broker, 1000, lat_seconds) for _ in range(min(runs, 3))]
-        pg.sql("ALTER SYSTEM RESET outbox.synchronous_commit")
-        pg.reload()
-        results["latency_async"] = lats_async
-        results["latency"] = lats
-
-        print(f"write cost: pgbench {write_seconds} s per run ...", flush=True)
-        pg.sql("TRUNCATE outbox.outbox_message")
-        wc = {}
-        for relay in ("idle", "publishing", "publishing, outbox.synchronous_commit=off"):
-            if relay == "idle":
-                pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
-            else:
-                pg.sql("ALTER SYSTEM RESET outbox.brokers")
-            pg.sql("ALTER SYSTEM SET outbox.synchronous_commit = %s",
-                   ("off" if "synchronous_commit=off" in relay else "on",))
+        if "latency" in only:
+            print(f"latency: {min(runs, 3)} runs of {lat_seconds} s at 1,000 msg/s, twice ...",
+                  flush=True)
+            pg.sql("TRUNCATE outbox.outbox_message")
+            lats = [latency_once(pg, broker, 1000, lat_seconds) for _ in range(min(runs, 3))]
+            pg.sql("ALTER SYSTEM SET outbox.synchronous_commit = off")
             pg.reload()
             time.sleep(1)
-            for clients in (1, 8):
-                wc[(relay, clients)] = write_cost(pg, clients, write_seconds, runs)
-        results["write_cost"] = {f"{k[0]}/{k[1]}": v for k, v in wc.items()}
+            lats_async = [latency_once(pg, broker, 1000, lat_seconds) for _ in range(min(runs, 3))]
+            pg.sql("ALTER SYSTEM RESET outbox.synchronous_commit")
+            pg.reload()
+            results.update(latency=lats, latency_async=lats_async)
+            lines.append(f"| latency commit->consumer at 1,000 msg/s, p50 / p99 / max | "
+                         f"{fmt_range([r['p50'] for r in lats], ' ms', 1)} / "
+                         f"{fmt_range([r['p99'] for r in lats], ' ms', 1)} / "
+                         f"{fmt_range([r['max'] for r in lats], ' ms', 1)} | |")
+            lines.append(f"| relay part: commit -> acknowledged and marked, p50 / p99 | "
+                         f"{fmt_range([r['relay_p50'] for r in lats], ' ms', 1)} / "
+                         f"{fmt_range([r['relay_p99'] for r in lats], ' ms', 1)} | |")
+            lines.append(f"| latency p50 / p99 with outbox.synchronous_commit = off | "
+                         f"{fmt_range([r['p50'] for r in lats_async], ' ms', 1)} / "
+                         f"{fmt_range([r['p99'] for r in lats_async], ' ms', 1)} | |")
+            lines.append(f"| latency runs: lost / duplicates | {sum(r['lost'] for r in lats)} / "
+                         f"{sum(r['dups'] for r in lats)} of {sum(r['n'] for r in lats):,} | |")
 
-        print(f"memory: draining {drain_n:,} and then {rss_n:,} messages ...", flush=True)
-        pg.sql("TRUNCATE outbox.outbox_message, plain_outbox, orders")
-        _, before_small, peak_small = drain_once(pg, drain_n, sample_rss=True)
-        _, before_big, peak_big = drain_once(pg, rss_n, sample_rss=True)
-        results["rss_kb"] = {"small": [before_small, peak_small], "big": [before_big, peak_big]}
+        if "write" in only:
+            print(f"write cost: pgbench {write_seconds} s per run ...", flush=True)
+            pg.sql("TRUNCATE outbox.outbox_message")
+            wc = {}
+            for relay in ("idle", "publishing"):
+                if relay == "idle":
+                    pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+                else:
+                    pg.sql("ALTER SYSTEM RESET outbox.brokers")
+                pg.reload()
+                time.sleep(1)
+                for clients in (1, 8):
+                    wc[(relay, clients)] = write_cost(pg, clients, write_seconds, runs)
+            results["write_cost"] = {f"{k[0]}/{k[1]}": v for k, v in wc.items()}
+            for (relay, clients), (ob, pl) in wc.items():
+                extra = extra_costs(ob, pl)
+                lines.append(f"| write, {clients} client{'s' if clients > 1 else ''}, relay {relay}: "
+                             f"outbox.write() / plain INSERT | "
+                             f"{fmt_range(ob, ' tx/s')} / {fmt_range(pl, ' tx/s')} | "
+                             f"outbox.write() costs {med(extra):+.1%} (pairs {min(extra):+.0%} to "
+                             f"{max(extra):+.0%}) |")
 
-        print(f"inbox: {runs} bursts of {drain_n:,} records ...", flush=True)
-        inbox = [inbox_run(pg, broker, drain_n) for _ in range(runs)]
-        results["inbox"] = inbox
+        if "writers" in only:
+            w_seconds = 5 if args.quick else 10
+            print(f"writers at full speed: 4 clients, {runs} pairs of {w_seconds} s, relay idle / "
+                  "publishing ...", flush=True)
+            idle, publishing = writers_run(pg, 4, w_seconds, runs)
+            kept = [p / i for i, p in zip(idle, publishing)]
+            results["writers"] = {"idle": idle, "publishing": publishing}
+            lines.append(f"| 4 writers at full speed, relay idle / publishing everything | "
+                         f"{fmt_range(idle, ' tx/s')} / {fmt_range(publishing, ' tx/s')} | "
+                         f"kept {med(kept):.1%} of the idle rate (pairs {min(kept):.0%}-"
+                         f"{max(kept):.0%}); target >= 95% |")
 
-        ret_seconds = 60 if args.quick else 240
-        print(f"retention: {ret_seconds} s of writes at 1,000 msg/s, outbox.retention = 20s ...",
-              flush=True)
-        pg.sql("TRUNCATE outbox.outbox_message, plain_outbox, orders")
-        ret = retention_run(pg, ret_seconds, 1000, 20)
-        results["retention"] = ret
+        if "delay" in only:
+            print(f"distant broker: {runs} pairs of {drain_n:,}-message drains, 0 / 5 ms ...",
+                  flush=True)
+            near, far = delay_run(pg, broker, drain_n, runs, 5)
+            kept = [f / n for n, f in zip(near, far)]
+            results["delay"] = {"near": near, "far": far}
+            lines.append(f"| drain with 0 / 5 ms added to every broker response | "
+                         f"{fmt_range(near, ' msg/s')} / {fmt_range(far, ' msg/s')} | "
+                         f"kept {med(kept):.0%} (pairs {min(kept):.0%}-{max(kept):.0%}); "
+                         f"target >= 80% |")
 
-        # ---- report ----
-        lines = ["| measure | median (min-max) | ratio to ceiling |", "|---|---|---|"]
-        lines.append(f"| drain, {drain_n:,} x 200 B, {KEYS:,} keys | {fmt_range(drains, ' msg/s')} "
-                     f"| {med(ratios):.0%} of the lower ceiling (median of per-round ratios, "
-                     f"{min(ratios):.0%}-{max(ratios):.0%}) |")
-        lines.append(f"| ceiling: test broker, plain librdkafka producer, batches of 1,000 | "
-                     f"{fmt_range(kafka, ' msg/s')} | drain = {med(drains) / med(kafka):.0%} |")
-        lines.append(f"| ceiling: database, the relay's claim + mark SQL alone | "
-                     f"{fmt_range(db, ' msg/s')} | drain = {med(drains) / med(db):.0%} |")
-        p50 = [r["p50"] for r in lats]
-        p99 = [r["p99"] for r in lats]
-        mx = [r["max"] for r in lats]
-        lines.append(f"| latency commit->consumer at 1,000 msg/s, p50 | {fmt_range(p50, ' ms', 1)} | |")
-        lines.append(f"| latency p99 | {fmt_range(p99, ' ms', 1)} | |")
-        lines.append(f"| latency max | {fmt_range(mx, ' ms', 1)} | |")
-        lines.append(f"| relay part: commit -> acknowledged and marked, p50 / p99 | "
-                     f"{fmt_range([r['relay_p50'] for r in lats], ' ms', 1)} / "
-                     f"{fmt_range([r['relay_p99'] for r in lats], ' ms', 1)} | |")
-        a99 = [r["p99"] for r in lats_async]
-        lines.append(f"| latency p50 / p99 with outbox.synchronous_commit = off | "
-                     f"{fmt_range([r['p50'] for r in lats_async], ' ms', 1)} / "
-                     f"{fmt_range(a99, ' ms', 1)} | |")
-        lines.append(f"| latency runs: lost / duplicates | {sum(r['lost'] for r in lats)} / "
-                     f"{sum(r['dups'] for r in lats)} of {sum(r['n'] for r in lats):,} | |")
-        for (relay, clients), (ob, pl) in wc.items():
-            extra = extra_costs(ob, pl)
-            lines.append(f"| write, {clients} client{'s' if clients > 1 else ''}, relay {relay}: "
-                         f"outbox.write() / plain INSERT | "
-                         f"{fmt_range(ob, ' tx/s')} / {fmt_range(pl, ' tx/s')} | "
-                         f"outbox.write() costs {med(extra):+.1%} (pairs {min(extra):+.0%} to "
-                         f"{max(extra):+.0%}) |")
-        lines.append(f"| inbox burst of {drain_n:,}: consumer stores | "
-                     f"{fmt_range([i[0] for i in inbox], ' records/s')} | |")
-        lines.append(f"| inbox burst: handler (SQL insert) works off | "
-                     f"{fmt_range([i[1] for i in inbox], ' records/s')} | |")
-        lines.append(f"| relay private RSS (RssAnon) draining {drain_n:,} (before -> peak) | "
-                     f"{before_small / 1024:.1f} -> {peak_small / 1024:.1f} MB | |")
-        lines.append(f"| relay private RSS (RssAnon) draining {rss_n:,} (before -> peak) | "
-                     f"{before_big / 1024:.1f} -> {peak_big / 1024:.1f} MB | |")
-        lines.append("")
-        lines.append("Retention (outbox.retention = 20s, writes at 1,000 msg/s, autovacuum naptime "
-                     "10s): the table stays bounded")
-        lines.append("")
-        lines.append("| after | rows | heap | indexes |")
-        lines.append("|---|---|---|---|")
-        for t, heap, idx, rows in ret:
-            lines.append(f"| {t} s | {rows:,} | {heap / 1048576:.1f} MB | {idx / 1048576:.1f} MB |")
-        report = "\n".join(lines)
+        if "memory" in only:
+            print(f"memory: draining {drain_n:,} and then {rss_n:,} messages ...", flush=True)
+            pg.sql("TRUNCATE outbox.outbox_message, plain_outbox, orders")
+            _, before_small, peak_small = drain_once(pg, drain_n, sample_rss=True)
+            _, before_big, peak_big = drain_once(pg, rss_n, sample_rss=True)
+            results["rss_kb"] = {"small": [before_small, peak_small], "big": [before_big, peak_big]}
+            lines.append(f"| relay private RSS (RssAnon) draining {drain_n:,} / {rss_n:,} "
+                         f"(before -> peak) | {before_small / 1024:.1f} -> {peak_small / 1024:.1f} / "
+                         f"{before_big / 1024:.1f} -> {peak_big / 1024:.1f} MB | |")
+
+        if "backlog" in only:
+            big = 1000000 if args.quick else 10000000
+            print(f"backlog: {big:,} messages, then a {drain_n:,} one for comparison ...", flush=True)
+            small_rate = drain_once(pg, drain_n)[0]
+            rate, before, peak = backlog_run(pg, big)
+            results["backlog"] = {"n": big, "rate": rate, "small_rate": small_rate,
+                                  "rss_kb": [before, peak]}
+            lines.append(f"| backlog of {big:,}: drain rate (vs {drain_n:,} just before) | "
+                         f"{rate:,.0f} msg/s (vs {small_rate:,.0f}) | {rate / small_rate:.0%}; "
+                         f"target >= 90%; RSS {before / 1024:.1f} -> {peak / 1024:.1f} MB |")
+
+        if "inbox" in only:
+            print(f"inbox: {runs} bursts of {drain_n:,} records ...", flush=True)
+            inbox = [inbox_run(pg, broker, drain_n) for _ in range(runs)]
+            results["inbox"] = inbox
+            lines.append(f"| inbox burst of {drain_n:,}: consumer stores | "
+                         f"{fmt_range([i[0] for i in inbox], ' records/s')} | |")
+
+        if "inbox_scale" in only:
+            print(f"inbox handlers: {runs} bursts of {drain_n:,}, per record / set-based ...",
+                  flush=True)
+            per, batch = [], []
+            for r in range(runs):
+                order = [("bench_handler(outbox.inbox_message)", per),
+                         ("bench_batch_handler(outbox.inbox_message[])", batch)]
+                if r % 2:
+                    order.reverse()
+                for handler, into in order:
+                    into.append(inbox_handler_rate(pg, broker, drain_n, handler))
+            results["inbox_handlers"] = {"per_record": per, "set_based": batch}
+            lines.append(f"| inbox handler works off {drain_n:,}: per record / set-based | "
+                         f"{fmt_range(per, ' records/s')} / {fmt_range(batch, ' records/s')} | "
+                         f"set-based target >= 25,000 |")
+            sf_seconds = 10 if args.quick else 30
+            print(f"inbox: a slow topic (50 ms a record) beside a fast one, {sf_seconds} s ...",
+                  flush=True)
+            sf = slow_fast_run(pg, broker, 2000, 100, sf_seconds)
+            results["slow_fast"] = sf
+            lines.append(f"| fast topic (100 records/s) beside a slow handler's backlog: "
+                         f"stored -> handled p50 / p99 | {sf['p50']:.0f} / {sf['p99']:.0f} ms | "
+                         f"target p99 <= 1 s; {sf['slow_still_waiting']:,} slow records still "
+                         f"waiting |")
+
+        if "retention" in only:
+            ret_seconds = 60 if args.quick else 240
+            print(f"retention: {ret_seconds} s of writes at 1,000 msg/s, outbox.retention = 20s ...",
+                  flush=True)
+            pg.sql("TRUNCATE outbox.outbox_message, plain_outbox, orders")
+            ret = retention_run(pg, ret_seconds, 1000, 20)
+            results["retention"] = ret
+            t = ["Retention (outbox.retention = 20s, writes at 1,000 msg/s, autovacuum naptime "
+                 "10s): the table stays bounded", "", "| after | rows | heap | indexes |",
+                 "|---|---|---|---|"]
+            for at, heap, idx, rows in ret:
+                t.append(f"| {at} s | {rows:,} | {heap / 1048576:.1f} MB | {idx / 1048576:.1f} MB |")
+            extra_tables.append("\n".join(t))
+
+        if "snapshot" in only:
+            before_s, held_s, after_s = (30, 120, 20) if args.quick else (30, 600, 30)
+            print(f"long snapshot: 2,000 msg/s, a snapshot held {held_s} s ...", flush=True)
+            snap = snapshot_run(pg, before_s, held_s, after_s, 2000)
+            results["snapshot"] = snap
+            t = [f"A REPEATABLE READ snapshot held {held_s} s while writers go at 2,000 msg/s "
+                 f"({snap['dead_tuples_at_release']:,} dead tuples when it ended): commit -> "
+                 "published per 10 s window", "",
+                 "| window | snapshot | messages | p50 | p99 | relay CPU per message |",
+                 "|---|---|---|---|---|---|"]
+            for w in snap["windows"]:
+                cpu = f"{w['cpu_us_per_msg']:.0f} us" if w["cpu_us_per_msg"] else "-"
+                t.append(f"| {w['from_s']}-{w['from_s'] + 10} s | {w['state']} | {w['n']:,} | "
+                         f"{w['p50']:.1f} ms | {w['p99']:.1f} ms | {cpu} |")
+            held = [w["p99"] for w in snap["windows"] if w["state"] == "held"]
+            before = [w["p99"] for w in snap["windows"] if w["state"] == "before"]
+            if held and before:
+                lines.append(f"| snapshot held {held_s} s: worst 10 s window p99 (before it) | "
+                             f"{max(held):.1f} ms ({max(before):.1f} ms) | target <= 25 ms or 3x "
+                             f"before |")
+            extra_tables.append("\n".join(t))
+
+        report = "\n\n".join(["\n".join(lines)] + extra_tables)
         print()
         print(report)
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)

@@ -20,6 +20,7 @@ char *outbox_kafka_config_file = nullptr;
 int outbox_batch_size = 1000;
 int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
+int outbox_linger_ms = 10;
 int outbox_workers = 1;
 int outbox_max_attempts = 10;
 bool outbox_synchronous_commit = true;
@@ -147,6 +148,13 @@ void outbox_define_gucs(void) {
         "short transactions, so a slow or unreachable Kafka never holds a transaction open.",
         &outbox_batch_timeout_ms, 5000, 10, 600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
         nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.linger", "Longest a busy relay lets commits gather before it claims them.",
+        "Under load the relay waits 1 ms for every 500 messages per second arriving, up to "
+        "this, so that a batch carries more than a message or two; a quiet server publishes "
+        "each commit at once. 0: never wait.",
+        &outbox_linger_ms, 10, 0, 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
 
     DefineCustomIntVariable("outbox.workers", "Relay workers per database.",
                             "Each owns a share of the message keys. Needs a restart.",

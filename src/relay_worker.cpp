@@ -53,6 +53,7 @@
 #include "outbox/workers.h"
 
 extern "C" {
+#include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -76,6 +77,8 @@ struct RelayState {
     TimestampTz next_claim_at = 0;         // backoff after failures
     int backoff_ms = 0;
     int64 low_water = 0;  // every row below it is published or parked
+    TimestampTz last_batch_end = 0;  // when the last batch that claimed something committed
+    double rate = 0;                 // messages per second under load, smoothed
     bool said_no_brokers = false;
     // Counts of this turn, for the shared stats slot.
     uint64 turn_acked = 0;
@@ -281,7 +284,9 @@ std::size_t await_deliveries(OutboxWorker *w, TimestampTz deadline, const Outbox
         if (left <= 0) break;
         p->poll();
         if (p->batch_in_flight() == 0 || p->acked_count() >= outbox::policy::kMarkChunk) continue;
-        outbox_worker_wait(w, left);
+        // Acknowledgements arrive through the pipe; commits meanwhile are
+        // noted, not woken for (the next claim takes them).
+        outbox_worker_wait_kafka(w, left);
         p->poll();
     }
     return acked;
@@ -466,6 +471,20 @@ void relay_start(OutboxWorker *w) {
     before_shmem_exit(relay_on_exit, PointerGetDatum(r));
 }
 
+// How long to let commits gather at `rate` messages per second.
+long linger_for(double rate) {
+    long ms = static_cast<long>(rate / outbox::policy::kLingerPerMsMessagesPerSecond);
+    return Max(0L, Min(static_cast<long>(outbox_linger_ms), ms));
+}
+
+// Sleeps `ms` (a few) without waking for each commit that sets the latch
+// meanwhile: under load every commit would wake us, and a wake-up costs
+// more than the message it brings.  The latch stays set: the claim sees
+// those commits.
+void gather(long ms) {
+    if (ms > 0) pg_usleep(ms * 1000L);
+}
+
 long relay_turn(OutboxWorker *w) {
     RelayState *r = state(w);
     bool may_claim = ensure_producer(w);
@@ -482,8 +501,25 @@ long relay_turn(OutboxWorker *w) {
         drain_step(w, r->next_claim_at > now ? ms_until(r->next_claim_at) : outbox_poll_interval_ms);
         return 0;
     }
+    // Under load (a commit woke us right after a batch), let more commits
+    // gather before claiming: each batch has a fixed cost (a transaction, a
+    // Kafka request and its acknowledgement, a WAL flush) that would
+    // otherwise be paid for a message or two, on the cores the writers
+    // need.  The more messages arrive, the longer the wait (up to
+    // outbox.linger): a quiet server publishes each commit at once.
+    bool busy = r->last_batch_end > 0 &&
+                TimestampDifferenceMilliseconds(r->last_batch_end, now) < outbox::policy::kBusyWindowMs;
+    if (busy) gather(linger_for(r->rate));
     int claimed = run_batch(w);
     if (claimed < 0) return outbox_poll_interval_ms;
+    TimestampTz ended = GetCurrentTimestamp();
+    if (claimed > 0 && busy) {
+        double seconds = Max(1e-4, (ended - r->last_batch_end) / 1e6);
+        r->rate = 0.7 * r->rate + 0.3 * (claimed / seconds);
+    } else if (!busy) {
+        r->rate = 0;
+    }
+    r->last_batch_end = claimed > 0 ? ended : 0;
     // A full batch means more may be waiting, and a wake-up during the batch
     // means a commit came after our snapshot: go again without sleeping.
     // Otherwise sleep until a commit, a delivery report, a retry is due, or

@@ -179,6 +179,24 @@ void outbox_worker_wait(OutboxWorker *w, long timeout_ms) {
     CHECK_FOR_INTERRUPTS();
 }
 
+void outbox_worker_wait_kafka(OutboxWorker *w, long timeout_ms) {
+    if (!w->kafka_wait_set) {
+        outbox_worker_wait(w, timeout_ms);
+        return;
+    }
+    WaitEvent events[2];
+    int n = WaitEventSetWait(w->kafka_wait_set, timeout_ms, events, lengthof(events),
+                             PG_WAIT_EXTENSION);
+    for (int i = 0; i < n; i++)
+        if (events[i].events & WL_SOCKET_READABLE) {
+            char buf[64];
+            while (read(w->wake_pipe[0], buf, sizeof buf) > 0) {
+            }
+        }
+    if (MyLatch->is_set) w->woken = true;
+    CHECK_FOR_INTERRUPTS();
+}
+
 void outbox_worker_emit_log_lines(OutboxWorker *w, const outbox::kafka::LogBuffer &log) {
     for (std::size_t i = 0; i < log.count(); i++) {
         int level = log.level(i) == outbox::kafka::LogLevel::Warning ? WARNING
@@ -268,6 +286,15 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
         if (pipe2(w->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
             ereport(FATAL, (errmsg("%s: could not create a pipe: %m", w->label)));
         AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr, nullptr);
+#if PG_VERSION_NUM >= 170000
+        w->kafka_wait_set = CreateWaitEventSet(nullptr, 2);
+#else
+        w->kafka_wait_set = CreateWaitEventSet(TopMemoryContext, 2);
+#endif
+        AddWaitEventToSet(w->kafka_wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr,
+                          nullptr);
+        AddWaitEventToSet(w->kafka_wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr,
+                          nullptr);
     }
     w->turn_context = AllocSetContextCreate(TopMemoryContext, "pg outbox worker turn",
                                             ALLOCSET_DEFAULT_SIZES);

@@ -16,6 +16,12 @@ inline constexpr int kRelayBackoffMaxMs = 30000;
 // flight (an outage): it only records late reports then.
 inline constexpr std::size_t kMaxBatchesInFlight = 4;
 
+// A relay woken less than kBusyWindowMs after its last batch is under load:
+// it lets commits gather before it claims again, 1 ms for every this many
+// messages per second arriving, up to outbox.linger.
+inline constexpr long kBusyWindowMs = 5;
+inline constexpr double kLingerPerMsMessagesPerSecond = 500;
+
 // Acknowledgements are marked in chunks of this many while the rest of a
 // batch is still awaited.
 inline constexpr std::size_t kMarkChunk = 200;

@@ -64,6 +64,7 @@ struct OutboxWorker {
     char label[NAMEDATALEN + 48];  // "pg outbox relay 2 [app]", for log lines
     MemoryContext turn_context;    // reset before every turn
     WaitEventSet *wait_set;
+    WaitEventSet *kafka_wait_set;  // the pipe and postmaster death, no latch
     int wake_pipe[2];   // librdkafka writes here when it has something; -1 without Kafka
     bool woken;         // the latch was set since the kind last cleared this
     int schema;         // the schema version the last outbox_worker_begin() saw
@@ -86,6 +87,11 @@ void outbox_worker_commit(OutboxWorker *w);
 // Sleeps up to timeout_ms (-1: no limit) on the latch, the wake-up pipe and
 // postmaster death (the worker exits).  Sets w->woken when the latch was set.
 void outbox_worker_wait(OutboxWorker *w, long timeout_ms);
+
+// Sleeps up to timeout_ms on the wake-up pipe (librdkafka has something)
+// and postmaster death only: commits that set the latch meanwhile do not
+// wake the worker (under load each would), but are noted in w->woken.
+void outbox_worker_wait_kafka(OutboxWorker *w, long timeout_ms);
 
 // Writes librdkafka's and the client's lines to the server log, prefixed
 // with the worker's label, and empties the buffer.

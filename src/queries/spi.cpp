@@ -8,7 +8,11 @@ extern "C" {
 
 uint64 outbox_run(OutboxQuery *q, const Datum *values, const char *nulls, long limit) {
     if (q->plan == nullptr) {
-        SPIPlanPtr plan = SPI_prepare(q->sql, q->nargs, q->argtypes);
+        // A generic plan, made once: the plan cache would otherwise plan
+        // each call anew whenever it judges a custom plan cheaper, which
+        // costs more than a small claim itself.  Every statement here is
+        // written for its one right plan (an index scan, a TID scan).
+        SPIPlanPtr plan = SPI_prepare_cursor(q->sql, q->nargs, q->argtypes, CURSOR_OPT_GENERIC_PLAN);
         if (plan == nullptr)
             elog(ERROR, "pg outbox: %s: preparing the statement failed: %s", q->what,
                  SPI_result_code_string(SPI_result));

@@ -1,6 +1,8 @@
 // The isolation spec must exercise the relay's real claim statement, not a
 // look-alike: this test fails when one changes without the other.
+#include "outbox/queries/inbox_sql.h"
 #include "outbox/queries/relay_sql.h"
+#include "outbox/queries/retention_sql.h"
 
 #include <gtest/gtest.h>
 
@@ -27,4 +29,19 @@ TEST(SpecSync, RelayClaimSpecRunsTheRelaysStatements) {
         << "test/specs/relay_claim.spec must contain outbox::sql::relay::kRecordFailures verbatim";
     EXPECT_NE(spec.find(outbox::sql::relay::kMarkPublished), std::string::npos)
         << "test/specs/relay_claim.spec must contain outbox::sql::relay::kMarkPublished verbatim";
+}
+
+// test/sql/plans.sql checks the plan of each worker statement: it must run
+// the statements themselves.
+TEST(SpecSync, PlansTestExplainsTheWorkersStatements) {
+    std::string plans = read_file(std::string(OUTBOX_SOURCE_DIR) + "/test/sql/plans.sql");
+    ASSERT_FALSE(plans.empty()) << "test/sql/plans.sql not found";
+    for (const char *sql :
+         {outbox::sql::relay::kClaim, outbox::sql::relay::kFirstPending,
+          outbox::sql::relay::kMarkClaimedPublished, outbox::sql::relay::kMarkPublished,
+          outbox::sql::relay::kRecordFailures, outbox::sql::retention::kRetentionPublished,
+          outbox::sql::retention::kFirstIdSince, outbox::sql::retention::kRetentionProcessedEvents,
+          outbox::sql::retention::kRetentionInbox, outbox::sql::retention::kStraggler,
+          outbox::sql::inbox::kClaim, outbox::sql::inbox::kDone})
+        EXPECT_NE(plans.find(sql), std::string::npos) << "test/sql/plans.sql lacks: " << sql;
 }

@@ -59,11 +59,14 @@ inline constexpr const char kFirstPending[] =
 
 // Marks the rows of this transaction's claim that Kafka acknowledged, by
 // their ctid (a TID scan: no index lookup).  Only for rows this transaction
-// locked with the claim: nobody can have moved them since.  published_at is
-// the time of the acknowledgement (the statement's start), not of the claim.
+// locked with the claim: nobody can have moved or marked them since, so no
+// other condition is needed, and none is there: "published_at IS NULL"
+// would let the planner walk the partial index instead (all of it, dead
+// entries a long snapshot keeps included).  published_at is the time of the
+// acknowledgement (the statement's start), not of the claim.
 inline constexpr const char kMarkClaimedPublished[] =
     "UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp()"
-    " WHERE ctid = ANY($1) AND published_at IS NULL";
+    " WHERE ctid = ANY($1)";
 
 // Marks acknowledged rows of earlier batches (late), by id.
 inline constexpr const char kMarkPublished[] =
@@ -73,7 +76,8 @@ inline constexpr const char kMarkPublished[] =
 // Counts a failed attempt and keeps librdkafka's error text, per row; a row
 // Kafka refused for good ($3) for the $4th time is parked, and so is a row
 // the relay cannot send at all ($5: it could not even be rendered).  Returns
-// the rows, so that the relay can log what it parked.
+// the rows, so that the relay can log what it parked.  (m.id = ANY($1)
+// makes every plan look the rows up by id.)
 inline constexpr const char kRecordFailures[] =
     "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error,"
     " parked_at = CASE WHEN f.park_now OR (f.permanent AND m.attempts + 1 >= $4)"
@@ -81,7 +85,7 @@ inline constexpr const char kRecordFailures[] =
     " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),"
     " pg_catalog.unnest($5))"
     " AS f(id, error, permanent, park_now)"
-    " WHERE m.id = f.id AND m.published_at IS NULL"
+    " WHERE m.id = ANY($1) AND m.id = f.id AND m.published_at IS NULL"
     " RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now,"
     " m.last_error";
 

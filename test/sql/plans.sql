@@ -1,0 +1,36 @@
+-- The plans the workers' statements get.  The workers prepare each one once
+-- as a generic plan, with sequential and bitmap scans off: each must walk
+-- only what it needs (the claim from its low-water mark, a mark by ctid as a
+-- TID scan), never a whole index that a long snapshot fills with dead
+-- entries.  The texts are the workers' own, verbatim (test/unit/spec_sync_test.cpp).
+CREATE EXTENSION outbox;
+SET plan_cache_mode = force_generic_plan;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SET search_path = pg_catalog, pg_temp;
+PREPARE claim(int, text[], int, int, bigint) AS SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid, is_binary, key_bytes, value, kafka_partition FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5 AND key <> ALL($2) AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE claim(1000, '{}', 1, 0, 0);
+PREPARE first_pending(bigint) AS SELECT id FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 ORDER BY id LIMIT 1;
+EXPLAIN (COSTS OFF) EXECUTE first_pending(0);
+PREPARE mark_claimed(tid[]) AS UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp() WHERE ctid = ANY($1);
+EXPLAIN (COSTS OFF) EXECUTE mark_claimed('{"(0,1)"}');
+PREPARE mark(bigint[]) AS UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp() WHERE id = ANY($1) AND published_at IS NULL;
+EXPLAIN (COSTS OFF) EXECUTE mark('{1}');
+PREPARE fail(bigint[], text[], boolean[], int, boolean[]) AS UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error, parked_at = CASE WHEN f.park_now OR (f.permanent AND m.attempts + 1 >= $4) THEN pg_catalog.statement_timestamp() ELSE m.parked_at END FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($5)) AS f(id, error, permanent, park_now) WHERE m.id = ANY($1) AND m.id = f.id AND m.published_at IS NULL RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now, m.last_error;
+EXPLAIN (COSTS OFF) EXECUTE fail('{1}', '{x}', '{true}', 10, '{false}');
+PREPARE retention_published(timestamptz, int, bigint, bigint) AS DELETE FROM outbox.outbox_message WHERE id IN (SELECT id FROM outbox.outbox_message WHERE id >= $3 AND id < $4 AND published_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) AND published_at < $1 RETURNING id;
+EXPLAIN (COSTS OFF) EXECUTE retention_published(now(), 1000, 0, 100);
+PREPARE first_id_since(uuid) AS SELECT id, message_id FROM outbox.outbox_message WHERE message_id >= $1 ORDER BY message_id LIMIT 1;
+EXPLAIN (COSTS OFF) EXECUTE first_id_since('00000000-0000-7000-8000-000000000000');
+PREPARE retention_processed(timestamptz, int, timestamptz) AS DELETE FROM outbox.processed_event WHERE event_id IN (SELECT event_id FROM outbox.processed_event WHERE expires_at >= $3 AND expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND expires_at < $1 RETURNING expires_at;
+EXPLAIN (COSTS OFF) EXECUTE retention_processed(now(), 1000, '-infinity');
+PREPARE retention_inbox(timestamptz, int, timestamptz) AS DELETE FROM outbox.inbox_message WHERE event_id IN (SELECT event_id FROM outbox.inbox_message WHERE processed AND processed_at >= $3 AND processed_at < $1 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND processed AND processed_at < $1 RETURNING processed_at;
+EXPLAIN (COSTS OFF) EXECUTE retention_inbox(now(), 1000, '-infinity');
+PREPARE straggler(bigint) AS SELECT id FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 ORDER BY id LIMIT 1;
+EXPLAIN (COSTS OFF) EXECUTE straggler(100);
+PREPARE inbox_claim(int, text, int, int, text[]) AS SELECT m, m.event_id, m.key FROM outbox.inbox_message m WHERE NOT m.processed AND m.topic = $2 AND m.parked_at IS NULL AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND (pg_catalog.hashtext(coalesce(m.key, m.event_id::text)) & 2147483647) % $3 = $4 AND (m.key IS NULL OR m.key <> ALL($5)) ORDER BY m.received_at, m.seq LIMIT $1 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE inbox_claim(100, 'payments', 1, 0, '{}');
+PREPARE inbox_done(uuid[]) AS UPDATE outbox.inbox_message SET processed = true, processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL WHERE event_id = ANY($1);
+EXPLAIN (COSTS OFF) EXECUTE inbox_done('{00000000-0000-7000-8000-000000000001}');
+RESET search_path;
+DROP EXTENSION outbox;
