@@ -17,7 +17,7 @@ char *outbox_database = nullptr;
 char *outbox_brokers = nullptr;
 char *outbox_kafka_config = nullptr;
 char *outbox_kafka_config_file = nullptr;
-int outbox_batch_size = 1000;
+int outbox_batch_size = 5000;
 int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
 int outbox_linger_ms = 10;
@@ -132,7 +132,7 @@ void outbox_define_gucs(void) {
     DefineCustomIntVariable(
         "outbox.batch_size",
         "Most messages a relay claims, or records the inbox consumer stores, at once.", nullptr,
-        &outbox_batch_size, 1000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+        &outbox_batch_size, 5000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
     DefineCustomIntVariable(
         "outbox.poll_interval", "Fallback poll when no commit wakes a worker.",

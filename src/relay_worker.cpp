@@ -78,6 +78,7 @@ struct RelayState {
     int backoff_ms = 0;
     int64 low_water = 0;  // every row below it is published or parked
     TimestampTz last_batch_end = 0;  // when the last batch that claimed something committed
+    bool last_batch_full = false;
     double rate = 0;                 // messages per second under load, smoothed
     bool said_no_brokers = false;
     // Counts of this turn, for the shared stats slot.
@@ -507,7 +508,8 @@ long relay_turn(OutboxWorker *w) {
     // otherwise be paid for a message or two, on the cores the writers
     // need.  The more messages arrive, the longer the wait (up to
     // outbox.linger): a quiet server publishes each commit at once.
-    bool busy = r->last_batch_end > 0 &&
+    // (Not after a full batch: more is waiting already.)
+    bool busy = r->last_batch_end > 0 && !r->last_batch_full &&
                 TimestampDifferenceMilliseconds(r->last_batch_end, now) < outbox::policy::kBusyWindowMs;
     if (busy) gather(linger_for(r->rate));
     int claimed = run_batch(w);
@@ -520,6 +522,7 @@ long relay_turn(OutboxWorker *w) {
         r->rate = 0;
     }
     r->last_batch_end = claimed > 0 ? ended : 0;
+    r->last_batch_full = claimed >= outbox_batch_size;
     // A full batch means more may be waiting, and a wake-up during the batch
     // means a commit came after our snapshot: go again without sleeping.
     // Otherwise sleep until a commit, a delivery report, a retry is due, or
