@@ -67,12 +67,11 @@ class Encodings(unittest.TestCase):
             conn.close()
 
     def record(self, event_id):
+        # (A list: a Message of an empty value is falsy.)
         def find():
-            for r in self.collector.consumer_raw():
-                if dict(r.headers() or []).get("event_id", b"").decode() == event_id:
-                    return r
-            return None
-        return wait_until(find, 30, what=f"record {event_id} in Kafka")
+            return [r for r in self.collector.consumer_raw()
+                    if dict(r.headers() or []).get("event_id", b"").decode() == event_id]
+        return wait_until(find, 30, what=f"record {event_id} in Kafka")[0]
 
     def test_kafka_gets_utf8_keys_values_and_headers(self):
         written = {}
