@@ -32,3 +32,15 @@ BEGIN; SELECT create_order(gen_random_uuid(), 7.25) AS committed_order; COMMIT;
 BEGIN; SELECT create_order(gen_random_uuid(), 1000.00) AS rolled_back_order; ROLLBACK;
 BEGIN; SELECT create_order(gen_random_uuid(), 12.00) AS committed_order; COMMIT;
 BEGIN; SELECT create_order(gen_random_uuid(), 3.10) AS committed_order; COMMIT;
+
+-- A deleted order: its key gets a tombstone (a null value), the way a
+-- compacted topic forgets a key.  It lands on the key's partition, after
+-- the order's OrderCreated.
+\echo 'deleting the largest order: a tombstone for its key'
+BEGIN;
+WITH gone AS (DELETE FROM orders WHERE order_id = (SELECT order_id FROM orders ORDER BY amount DESC LIMIT 1)
+              RETURNING order_id)
+SELECT outbox.write_bytes('order.events', convert_to(order_id::text, 'UTF8'), NULL,
+                          '{"event_type": "OrderDeleted"}') IS NOT NULL AS tombstone_written
+  FROM gone;
+COMMIT;

@@ -37,4 +37,7 @@ fi
 echo "== end-to-end tests (test broker + Postgres + real consumer)"
 OUTBOX_BUILD_DIR="$ROOT/build" /usr/bin/python3 -m unittest discover -s test/e2e -p 'test_*.py' -v
 
+echo "== the Debian package (build, apt-get install, CREATE EXTENSION from the installed files)"
+bash test/package-test.sh
+
 echo "== all tests passed"
