@@ -13,7 +13,7 @@
 // does for cron.job.
 #include "outbox/pg.h"
 
-#include "outbox/common/topic.h"
+#include "outbox/sql_args.h"
 #include "outbox/queries/inbox_sql.h"
 #include "outbox/queries/spi.h"
 #include "outbox/wakeup.h"
@@ -41,12 +41,6 @@ OutboxQuery subscribe_query = {"subscribing", sql::kSubscribe, 3,
                                {TEXTOID, REGPROCEDUREOID, REGROLEOID}, SPI_OK_INSERT, nullptr};
 OutboxQuery unsubscribe_query = {"unsubscribing", sql::kUnsubscribe, 1, {TEXTOID}, SPI_OK_DELETE,
                                  nullptr};
-
-[[noreturn]] void null_argument(const char *function, const char *name) {
-    ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-                    errmsg("%s: %s must not be NULL", function, name)));
-    pg_unreachable();
-}
 
 bool may_act_for(Oid caller, Oid role) {
     return OidIsValid(role) && (superuser_arg(caller) || has_privs_of_role(caller, role));
@@ -89,15 +83,11 @@ PG_FUNCTION_INFO_V1(outbox_inbox_subscribe);
 // outbox.inbox_subscribe(topic text, handler regprocedure) -> void
 Datum outbox_inbox_subscribe(PG_FUNCTION_ARGS) {
     const char *fn = "outbox.inbox_subscribe";
-    if (PG_ARGISNULL(0)) null_argument(fn, "topic");
-    if (PG_ARGISNULL(1)) null_argument(fn, "handler");
+    if (PG_ARGISNULL(0)) outbox_null_argument(fn, "topic");
+    if (PG_ARGISNULL(1)) outbox_null_argument(fn, "handler");
     text *topic = PG_GETARG_TEXT_PP(0);
     Oid handler = PG_GETARG_OID(1);
-    if (const char *why = outbox::topic_name_error(
-            std::string_view(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic))))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s: invalid topic \"%s\"", fn, text_to_cstring(topic)),
-                        errdetail("%s.", why)));
+    outbox_check_topic(fn, topic);
 
     HeapTuple tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
     if (!HeapTupleIsValid(tup))
@@ -164,7 +154,7 @@ PG_FUNCTION_INFO_V1(outbox_inbox_unsubscribe);
 // subscription.  Its records stay and wait.
 Datum outbox_inbox_unsubscribe(PG_FUNCTION_ARGS) {
     const char *fn = "outbox.inbox_unsubscribe";
-    if (PG_ARGISNULL(0)) null_argument(fn, "topic");
+    if (PG_ARGISNULL(0)) outbox_null_argument(fn, "topic");
     text *topic = PG_GETARG_TEXT_PP(0);
     Oid caller = GetUserId();
     SPI_connect();

@@ -100,21 +100,6 @@ void consumer_disconnect(ConsumerState *st) noexcept {
     if (st) st->consumer.reset();
 }
 
-bool load_secrets(ConsumerState *st, const char *path, char *err, std::size_t errlen) noexcept {
-    try {
-        st->secrets.clear();
-        if (!path || !path[0]) return true;
-        std::string error;
-        if (outbox::kafka::load_properties_file(path, st->secrets, error)) return true;
-        snprintf(err, errlen, "%s", error.c_str());
-        st->secrets.clear();
-        return false;
-    } catch (...) {
-        snprintf(err, errlen, "out of memory");
-        return false;
-    }
-}
-
 bool secrets_changed(const ConsumerState *st) noexcept {
     return !outbox::kafka::same_properties(st->secrets, st->built_secrets);
 }
@@ -358,14 +343,8 @@ bool ensure_consumer(OutboxWorker *w) {
 
 void consumer_reload(OutboxWorker *w) {
     ConsumerState *st = state(w);
-    char err[512];
-    bool ok = load_secrets(st, outbox_kafka_config_file, err, sizeof err);
-    if (!ok && (st->secrets_ok || strcmp(err, st->last_error) != 0)) {
-        ereport(WARNING, (errmsg("%s: %s; nothing is consumed until it is fixed", w->label, err)));
-        strlcpy(st->last_error, err, sizeof st->last_error);
-        outbox_stats_error(err);
-    }
-    st->secrets_ok = ok;
+    st->secrets_ok = outbox_worker_load_secrets(w, st->secrets, st->secrets_ok, st->last_error,
+                                                sizeof st->last_error, "consumed");
 }
 
 void consumer_on_exit(int, Datum arg) {

@@ -125,21 +125,6 @@ void kafka_disconnect(RelayState *r, int flush_ms) noexcept {
 
 // Reads outbox.kafka_config_file into r->secrets; false with the reason
 // (never a value) when it cannot be used.
-bool load_secrets(RelayState *r, const char *path, char *err, std::size_t errlen) noexcept {
-    try {
-        r->secrets.clear();
-        if (!path || !path[0]) return true;
-        std::string error;
-        if (outbox::kafka::load_properties_file(path, r->secrets, error)) return true;
-        snprintf(err, errlen, "%s", error.c_str());
-        r->secrets.clear();
-        return false;
-    } catch (...) {
-        snprintf(err, errlen, "out of memory");
-        return false;
-    }
-}
-
 bool secrets_changed(const RelayState *r) noexcept {
     return !outbox::kafka::same_properties(r->secrets, r->built_secrets);
 }
@@ -440,14 +425,8 @@ void relay_reload(OutboxWorker *w) {
     // synchronous_commit applies.
     SetConfigOption("synchronous_commit", outbox_synchronous_commit ? nullptr : "off", PGC_SUSET,
                     PGC_S_SESSION);
-    char err[512];
-    bool ok = load_secrets(r, outbox_kafka_config_file, err, sizeof err);
-    if (!ok && (r->secrets_ok || strcmp(err, r->last_connect_error) != 0)) {
-        ereport(WARNING, (errmsg("%s: %s; nothing is published until it is fixed", w->label, err)));
-        strlcpy(r->last_connect_error, err, sizeof r->last_connect_error);
-        outbox_stats_error(err);
-    }
-    r->secrets_ok = ok;
+    r->secrets_ok = outbox_worker_load_secrets(w, r->secrets, r->secrets_ok, r->last_connect_error,
+                                               sizeof r->last_connect_error, "published");
 }
 
 // Before the process goes (also after an ERROR): whatever the producer

@@ -4,6 +4,7 @@
 #include "outbox/pg.h"
 
 #include "outbox/common/topic.h"
+#include "outbox/sql_args.h"
 #include "outbox/guc.h"
 #include "outbox/queries/write.h"
 #include "outbox/shmem.h"
@@ -23,21 +24,6 @@ extern "C" {
 }
 
 namespace {
-
-[[noreturn]] void null_argument(const char *function, const char *name) {
-    ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-                    errmsg("%s: %s must not be NULL", function, name)));
-    pg_unreachable();
-}
-
-void check_topic(const char *function, text *topic) {
-    std::size_t len = VARSIZE_ANY_EXHDR(topic);
-    const char *why = outbox::topic_name_error(std::string_view(VARDATA_ANY(topic), len));
-    if (why)
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s: invalid topic \"%s\"", function, text_to_cstring(topic)),
-                        errdetail("%s.", why)));
-}
 
 const char *jsonb_value_word(const JsonbValue &v) {
     switch (v.type) {
@@ -108,6 +94,24 @@ void check_partition(const char *function, FunctionCallInfo fcinfo, int arg, boo
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                         errmsg("%s: partition must be NULL or at least 0, got %d", function,
                                *partition)));
+}
+
+// What write() and write_bytes() take alike: the topic (argument 0),
+// headers (3; NULL: none) merged with the session's defaults, and the
+// partition (4, when given).
+void common_arguments(const char *fn, FunctionCallInfo fcinfo, OutboxNewMessage *m) {
+    if (PG_ARGISNULL(0)) outbox_null_argument(fn, "topic");
+    outbox_check_topic(fn, PG_GETARG_TEXT_PP(0));
+    m->topic = PG_GETARG_DATUM(0);
+    Datum headers;
+    if (PG_ARGISNULL(3)) {
+        headers = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
+    } else {
+        check_headers(fn, PG_GETARG_JSONB_P(3));
+        headers = PG_GETARG_DATUM(3);
+    }
+    m->headers = merged_headers(headers);
+    check_partition(fn, fcinfo, 4, &m->has_partition, &m->partition);
 }
 
 [[noreturn]] void too_large(const char *function, int64 bytes) {
@@ -224,24 +228,13 @@ PG_FUNCTION_INFO_V1(outbox_write);
 // without the partition.)
 Datum outbox_write(PG_FUNCTION_ARGS) {
     const char *fn = "outbox.write";
-    if (PG_ARGISNULL(0)) null_argument(fn, "topic");
-    if (PG_ARGISNULL(1)) null_argument(fn, "key");
-    if (PG_ARGISNULL(2)) null_argument(fn, "payload");
-    check_topic(fn, PG_GETARG_TEXT_PP(0));
-    Datum headers;
-    if (PG_ARGISNULL(3)) {
-        headers = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
-    } else {
-        check_headers(fn, PG_GETARG_JSONB_P(3));
-        headers = PG_GETARG_DATUM(3);
-    }
     OutboxNewMessage m = {};
-    check_partition(fn, fcinfo, 4, &m.has_partition, &m.partition);
+    common_arguments(fn, fcinfo, &m);
+    if (PG_ARGISNULL(1)) outbox_null_argument(fn, "key");
+    if (PG_ARGISNULL(2)) outbox_null_argument(fn, "payload");
     check_payload_size(PG_GETARG_JSONB_P(2));
-    m.topic = PG_GETARG_DATUM(0);
     m.key = PG_GETARG_DATUM(1);
     m.payload = PG_GETARG_DATUM(2);
-    m.headers = merged_headers(headers);
     PG_RETURN_UUID_P(insert(&m));
 }
 
@@ -253,17 +246,8 @@ PG_FUNCTION_INFO_V1(outbox_write_bytes);
 // without a key; a NULL value: a tombstone.
 Datum outbox_write_bytes(PG_FUNCTION_ARGS) {
     const char *fn = "outbox.write_bytes";
-    if (PG_ARGISNULL(0)) null_argument(fn, "topic");
-    check_topic(fn, PG_GETARG_TEXT_PP(0));
-    Datum headers;
-    if (PG_ARGISNULL(3)) {
-        headers = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
-    } else {
-        check_headers(fn, PG_GETARG_JSONB_P(3));
-        headers = PG_GETARG_DATUM(3);
-    }
     OutboxNewMessage m = {};
-    check_partition(fn, fcinfo, 4, &m.has_partition, &m.partition);
+    common_arguments(fn, fcinfo, &m);
     m.is_binary = true;
     m.has_value = !PG_ARGISNULL(2);
     if (m.has_value) {
@@ -279,9 +263,7 @@ Datum outbox_write_bytes(PG_FUNCTION_ARGS) {
     } else {
         m.key = CStringGetTextDatum("");
     }
-    m.topic = PG_GETARG_DATUM(0);
     m.payload = DirectFunctionCall1(jsonb_in, CStringGetDatum("null"));
-    m.headers = merged_headers(headers);
     PG_RETURN_UUID_P(insert(&m));
 }
 
@@ -293,8 +275,8 @@ PG_FUNCTION_INFO_V1(outbox_confluent_frame);
 // big-endian bytes, then the encoded body).
 Datum outbox_confluent_frame(PG_FUNCTION_ARGS) {
     const char *fn = "outbox.confluent_frame";
-    if (PG_ARGISNULL(0)) null_argument(fn, "schema_id");
-    if (PG_ARGISNULL(1)) null_argument(fn, "body");
+    if (PG_ARGISNULL(0)) outbox_null_argument(fn, "schema_id");
+    if (PG_ARGISNULL(1)) outbox_null_argument(fn, "body");
     int32 id = PG_GETARG_INT32(0);
     if (id < 0)
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),

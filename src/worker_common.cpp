@@ -211,6 +211,18 @@ void outbox_worker_emit_log(OutboxWorker *w, outbox::kafka::LogBuffer &log) {
     log.clear();
 }
 
+bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Property> &secrets,
+                                bool was_ok, char *said, std::size_t said_len, const char *stops) {
+    char err[512];
+    bool ok = outbox::kafka::load_secrets_file(outbox_kafka_config_file, secrets, err, sizeof err);
+    if (!ok && (was_ok || strcmp(err, said) != 0)) {
+        ereport(WARNING, (errmsg("%s: %s; nothing is %s until it is fixed", w->label, err, stops)));
+        strlcpy(said, err, said_len);
+        outbox_stats_error(err);
+    }
+    return ok;
+}
+
 bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error) {
     MemoryContext cxt = CurrentMemoryContext;
     ResourceOwner owner = CurrentResourceOwner;

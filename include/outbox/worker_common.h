@@ -23,6 +23,8 @@
 //            clean stop sends nothing twice.
 #pragma once
 
+#include <vector>
+
 #include "outbox/kafka/client.h"
 
 #include "outbox/pg.h"
@@ -97,6 +99,12 @@ void outbox_worker_wait_kafka(OutboxWorker *w, long timeout_ms);
 // with the worker's label, and empties the buffer.
 void outbox_worker_emit_log(OutboxWorker *w, outbox::kafka::LogBuffer &log);
 void outbox_worker_emit_log_lines(OutboxWorker *w, const outbox::kafka::LogBuffer &log);
+
+// Reads outbox.kafka_config_file into `secrets` (a worker's own, kept in
+// its state).  When it cannot be used, says why in the log (once per
+// distinct reason, kept in `said`) and what waits: "nothing is <stops>".
+bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Property> &secrets,
+                                bool was_ok, char *said, std::size_t said_len, const char *stops);
 
 // Runs fn(arg) in a subtransaction of the current transaction (with SPI
 // connected).  On an ERROR only the subtransaction is rolled back: returns

@@ -36,11 +36,15 @@ void LogBuffer::clear() noexcept {
     text_.clear();
 }
 
-rd_kafka_conf_s *new_client_conf(Role role, const ClientSettings &settings,
-                                 const std::vector<Property> &own, std::string &error) noexcept {
+void ConfDeleter::operator()(rd_kafka_conf_s *conf) const noexcept {
+    if (conf) rd_kafka_conf_destroy(conf);
+}
+
+ConfPtr new_client_conf(Role role, const ClientSettings &settings,
+                        const std::vector<Property> &own, const ClientCallbacks &callbacks,
+                        std::string &error) noexcept {
     try {
-        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf(rd_kafka_conf_new(),
-                                                                           rd_kafka_conf_destroy);
+        ConfPtr conf(rd_kafka_conf_new());
         const std::vector<Property> common = {
             {"bootstrap.servers", settings.brokers},
             {"client.id", settings.client_id},
@@ -54,12 +58,12 @@ rd_kafka_conf_s *new_client_conf(Role role, const ClientSettings &settings,
         };
         for (const auto *list : {&common, &own})
             for (const Property &p : *list)
-                if (!set_property(conf.get(), p.name.c_str(), p.value, error)) return nullptr;
+                if (!set_property(conf.get(), p.name.c_str(), p.value, error)) return {};
 
         std::vector<Property> extra;
         if (!parse_properties(settings.extra, extra, error)) {
             error = "outbox.kafka_config: " + error;
-            return nullptr;
+            return {};
         }
         // One outbox.kafka_config serves both clients: each skips what only
         // concerns the other (librdkafka would warn about it on every start).
@@ -71,7 +75,7 @@ rd_kafka_conf_s *new_client_conf(Role role, const ClientSettings &settings,
             if (foreign(p.name)) continue;
             if (!set_property(conf.get(), p.name.c_str(), p.value, error)) {
                 error = "outbox.kafka_config: " + error;
-                return nullptr;
+                return {};
             }
         }
         for (const Property &p : settings.secrets) {
@@ -81,13 +85,16 @@ rd_kafka_conf_s *new_client_conf(Role role, const ClientSettings &settings,
                 // librdkafka's message may quote the value: never repeat it.
                 error = "outbox.kafka_config_file: librdkafka refuses the value of \"" + p.name +
                         "\" (value not shown)";
-                return nullptr;
+                return {};
             }
         }
-        return conf.release();
+        rd_kafka_conf_set_opaque(conf.get(), callbacks.opaque);
+        rd_kafka_conf_set_error_cb(conf.get(), callbacks.on_error);
+        rd_kafka_conf_set_log_cb(conf.get(), callbacks.on_log);
+        return conf;
     } catch (const std::exception &e) {
         error = e.what();
-        return nullptr;
+        return {};
     }
 }
 

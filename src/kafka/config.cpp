@@ -193,6 +193,22 @@ bool is_consumer_only_property(const std::string &name) noexcept {
     return false;
 }
 
+bool load_secrets_file(const char *path, std::vector<Property> &out, char *err,
+                       std::size_t errlen) noexcept {
+    try {
+        out.clear();
+        if (!path || !path[0]) return true;
+        std::string error;
+        if (load_properties_file(path, out, error)) return true;
+        std::snprintf(err, errlen, "%s", error.c_str());
+        out.clear();
+        return false;
+    } catch (...) {
+        std::snprintf(err, errlen, "out of memory");
+        return false;
+    }
+}
+
 bool same_properties(const std::vector<Property> &a, const std::vector<Property> &b) noexcept {
     if (a.size() != b.size()) return false;
     for (std::size_t i = 0; i < a.size(); i++)

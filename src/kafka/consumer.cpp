@@ -32,22 +32,18 @@ std::unique_ptr<Consumer> Consumer::create(const ConsumerSettings &settings, int
             // A new group reads what is there: an inbox must not skip.
             {"auto.offset.reset", "earliest"},
         };
-        rd_kafka_conf_t *conf = new_client_conf(Role::Consumer, settings.client, own, error);
+        ConfPtr conf = new_client_conf(Role::Consumer, settings.client, own,
+                                       {c.get(), &Consumer::on_error, &Consumer::on_log}, error);
         if (!conf) return nullptr;
-        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf_guard(
-            conf, rd_kafka_conf_destroy);
-        rd_kafka_conf_set_opaque(conf, c.get());
-        rd_kafka_conf_set_error_cb(conf, &Consumer::on_error);
-        rd_kafka_conf_set_log_cb(conf, &Consumer::on_log);
-        rd_kafka_conf_set_offset_commit_cb(conf, &on_commit);
+        rd_kafka_conf_set_offset_commit_cb(conf.get(), &on_commit);
 
         char errstr[512];
-        c->rk_ = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
+        c->rk_ = rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), errstr, sizeof errstr);
         if (!c->rk_) {
             error = errstr;
             return nullptr;
         }
-        conf_guard.release();
+        conf.release();  // rd_kafka_new took it
         // Everything (records, logs, errors) through the consumer queue,
         // served on our thread by poll_batch().
         rd_kafka_poll_set_consumer(c->rk_);

@@ -66,23 +66,18 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
             {"message.timeout.ms", "0"},
             {"queue.buffering.max.messages", std::to_string(queue_messages)},
         };
-        rd_kafka_conf_t *conf = new_client_conf(Role::Producer, settings.client, own, error);
+        ConfPtr conf = new_client_conf(Role::Producer, settings.client, own,
+                                       {p.get(), &Producer::on_error, &Producer::on_log}, error);
         if (!conf) return nullptr;
-        std::unique_ptr<rd_kafka_conf_t, void (*)(rd_kafka_conf_t *)> conf_guard(
-            conf, rd_kafka_conf_destroy);
-
-        rd_kafka_conf_set_opaque(conf, p.get());
-        rd_kafka_conf_set_dr_msg_cb(conf, &Producer::on_delivery);
-        rd_kafka_conf_set_error_cb(conf, &Producer::on_error);
-        rd_kafka_conf_set_log_cb(conf, &Producer::on_log);
+        rd_kafka_conf_set_dr_msg_cb(conf.get(), &Producer::on_delivery);
 
         char errstr[512];
-        p->rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr);
+        p->rk_ = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr, sizeof errstr);
         if (!p->rk_) {
             error = errstr;
-            return nullptr;  // conf is still ours: the guard destroys it
+            return nullptr;  // conf is still ours: ConfPtr destroys it
         }
-        conf_guard.release();  // rd_kafka_new took it
+        conf.release();  // rd_kafka_new took it
 
         // Logs go to the main queue too, so that every callback runs inside
         // poll() on our thread.

@@ -43,12 +43,9 @@ Datum bytea_array(bytea *const *values, int n) {
     bool *nulls = static_cast<bool *>(palloc(sizeof(bool) * (n > 0 ? n : 1)));
     for (int i = 0; i < n; i++) {
         nulls[i] = values[i] == nullptr;
-        elems[i] = nulls[i] ? 0 : PointerGetDatum(values[i]);
+        elems[i] = PointerGetDatum(values[i]);
     }
-    int dims[1] = {n};
-    int lbs[1] = {1};
-    return PointerGetDatum(
-        construct_md_array(elems, nulls, 1, dims, lbs, BYTEAOID, -1, false, TYPALIGN_INT));
+    return outbox_array(elems, nulls, n, BYTEAOID);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@ extern "C" {
 #include "catalog/pg_type.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 }
 
 uint64 outbox_run(OutboxQuery *q, const Datum *values, const char *nulls, long limit) {
@@ -41,6 +42,17 @@ Datum outbox_text_array(const char *const *values, const std::size_t *lengths, i
     return PointerGetDatum(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
 }
 
+Datum outbox_array(const Datum *elems, const bool *nulls, int n, Oid type) {
+    int16 len;
+    bool byval;
+    char align;
+    get_typlenbyvalalign(type, &len, &byval, &align);
+    int dims[1] = {n};
+    int lbs[1] = {1};
+    return PointerGetDatum(construct_md_array(const_cast<Datum *>(elems), const_cast<bool *>(nulls),
+                                              1, dims, lbs, type, len, byval, align));
+}
+
 Datum outbox_text_array_nullable(const char *const *values, int n) {
     Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
     bool *nulls = static_cast<bool *>(palloc(sizeof(bool) * (n > 0 ? n : 1)));
@@ -48,10 +60,7 @@ Datum outbox_text_array_nullable(const char *const *values, int n) {
         nulls[i] = values[i] == nullptr;
         elems[i] = nulls[i] ? 0 : CStringGetTextDatum(values[i]);
     }
-    int dims[1] = {n};
-    int lbs[1] = {1};
-    return PointerGetDatum(
-        construct_md_array(elems, nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
+    return outbox_array(elems, nulls, n, TEXTOID);
 }
 
 Datum outbox_int8_array(const int64 *values, int n) {

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "outbox/kafka/config.h"
 
 struct rd_kafka_conf_s;
+struct rd_kafka_s;
 
 namespace outbox::kafka {
 
@@ -50,13 +52,27 @@ struct ClientSettings {
     std::vector<Property> secrets;
 };
 
+struct ConfDeleter {
+    void operator()(rd_kafka_conf_s *conf) const noexcept;
+};
+using ConfPtr = std::unique_ptr<rd_kafka_conf_s, ConfDeleter>;
+
+// The callbacks every client has: the client itself as opaque, its error
+// and log callbacks.
+struct ClientCallbacks {
+    void *opaque;
+    void (*on_error)(rd_kafka_s *rk, int err, const char *reason, void *opaque);
+    void (*on_log)(const rd_kafka_s *rk, int level, const char *fac, const char *buf);
+};
+
 // A librdkafka configuration: what both clients set alike (bootstrap
 // servers, client.id, no Nagle, reconnect within a second, every log line
-// through the client's queue), then `own` (the role's defaults that carry
-// its guarantees), then the user's properties that concern this role
-// (outbox.kafka_config, then the secrets file).  nullptr with the reason in
-// `error` when a property is refused.  The caller owns the result.
-rd_kafka_conf_s *new_client_conf(Role role, const ClientSettings &settings,
-                                 const std::vector<Property> &own, std::string &error) noexcept;
+// through the client's queue, `callbacks`), then `own` (the role's defaults
+// that carry its guarantees), then the user's properties that concern this
+// role (outbox.kafka_config, then the secrets file).  Empty with the reason
+// in `error` when a property is refused.
+ConfPtr new_client_conf(Role role, const ClientSettings &settings,
+                        const std::vector<Property> &own, const ClientCallbacks &callbacks,
+                        std::string &error) noexcept;
 
 }  // namespace outbox::kafka

@@ -49,6 +49,11 @@ bool is_secret_property(const std::string &name) noexcept;
 bool load_properties_file(const std::string &path, std::vector<Property> &out,
                           std::string &error) noexcept;
 
+// load_properties_file() for a worker: an empty path is no properties;
+// the reason goes to a caller's buffer.  Never throws.
+bool load_secrets_file(const char *path, std::vector<Property> &out, char *err,
+                       std::size_t errlen) noexcept;
+
 // Whether two lists hold the same properties in the same order.
 bool same_properties(const std::vector<Property> &a, const std::vector<Property> &b) noexcept;
 

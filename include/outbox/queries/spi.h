@@ -39,3 +39,5 @@ char *outbox_col_text(uint64 row, int column);
 Datum outbox_text_array(const char *const *values, const std::size_t *lengths, int n);
 Datum outbox_text_array_nullable(const char *const *values, int n);
 Datum outbox_int8_array(const int64 *values, int n);
+// A one-dimensional array of `type` (NULL elements where nulls[i]).
+Datum outbox_array(const Datum *elems, const bool *nulls, int n, Oid type);

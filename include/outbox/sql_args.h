@@ -1,0 +1,11 @@
+// Checks of SQL functions' arguments shared by outbox.write*() and the
+// inbox's functions.  Postgres-side: each ereports(ERROR) on bad input.
+#pragma once
+
+#include "outbox/pg.h"
+
+// ERROR 22004: "<function>: <name> must not be NULL".
+[[noreturn]] void outbox_null_argument(const char *function, const char *name);
+
+// ERROR 22023 when Kafka would refuse `topic` as a topic name, saying why.
+void outbox_check_topic(const char *function, text *topic);
