@@ -1,5 +1,5 @@
--- The seed's CreateOrder, in SQL: the order row and its OrderCreated event
--- commit together or not at all (R-DIST-OBX-1).  No Kafka call here: the
+-- An order service's CreateOrder, in SQL: the order row and its OrderCreated event
+-- commit together or not at all.  No Kafka call here: the
 -- relay worker inside Postgres publishes what commits.
 CREATE EXTENSION IF NOT EXISTS outbox;
 CREATE TABLE IF NOT EXISTS orders (

@@ -2,7 +2,7 @@
 # The pg outbox demo, on a fresh Debian 12 machine:
 #   installs what is missing, builds and installs the extension, starts the
 #   project's test Kafka broker and a Postgres 15 cluster with
-#   shared_preload_libraries = 'outbox', runs the seed's CreateOrder flow in
+#   shared_preload_libraries = 'outbox', runs an order service's CreateOrder flow in
 #   SQL (some transactions rolled back on purpose) and shows the records
 #   that reached Kafka with kcat.
 # KEEP=1 leaves the broker and the cluster running afterwards.

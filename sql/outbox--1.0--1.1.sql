@@ -101,7 +101,7 @@ GRANT SELECT ON outbox.worker_stats, outbox.stats TO pg_monitor;
 
 -- ---- replay ------------------------------------------------------------------
 -- outbox.replay: publishes again the messages written in [since, until)
--- (of one topic, or all) that were published already: the seed's rebuild of
+-- (of one topic, or all) that were published already: a rebuild of
 -- a read projection.  They go out as new deliveries with their own
 -- message_id, so the event_id header is the same and idempotent consumers
 -- drop what they have seen.  Pending and parked messages are left alone;
@@ -144,7 +144,7 @@ $$;
 REVOKE ALL ON FUNCTION outbox.replay(timestamptz, timestamptz, text) FROM PUBLIC;
 
 -- ---- inbox -------------------------------------------------------------------
--- The inbox (R-DIST-OBX-2): the consumer worker stores every record of
+-- The inbox: the consumer worker stores every record of
 -- outbox.inbox_topics here before anything handles it; the handler worker
 -- runs the subscribed handler of each, in arrival order, exactly once.
 ALTER TABLE outbox.inbox_message

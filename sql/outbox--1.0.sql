@@ -32,7 +32,7 @@ CREATE TABLE outbox.outbox_message (
 CREATE INDEX ix_outbox_message_unpublished ON outbox.outbox_message (id)
     WHERE published_at IS NULL;
 
--- Consumer-side deduplication (R-DIST-IDEM-2).
+-- Consumer-side deduplication (outbox.mark_processed).
 CREATE TABLE outbox.processed_event (
     event_id      text        PRIMARY KEY,
     topic         text,
@@ -40,7 +40,7 @@ CREATE TABLE outbox.processed_event (
     expires_at    timestamptz NOT NULL
 );
 
--- The inbox (R-DIST-OBX-2): Kafka records stored before they are handled.
+-- The inbox: Kafka records stored before they are handled.
 CREATE TABLE outbox.inbox_message (
     event_id         uuid        PRIMARY KEY,
     received_at      timestamptz NOT NULL DEFAULT now(),

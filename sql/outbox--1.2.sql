@@ -361,7 +361,7 @@ GRANT SELECT ON outbox.worker_stats, outbox.stats TO pg_monitor;
 
 -- ---- replay ------------------------------------------------------------------
 -- outbox.replay: publishes again the messages written in [since, until)
--- (of one topic, or all) that were published already: the seed's rebuild of
+-- (of one topic, or all) that were published already: a rebuild of
 -- a read projection.  They go out as new deliveries with their own
 -- message_id, so the event_id header is the same and idempotent consumers
 -- drop what they have seen.  Pending and parked messages are left alone;

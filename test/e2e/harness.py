@@ -281,7 +281,7 @@ CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, customer int NOT NU
                                    status text NOT NULL DEFAULT 'pending');
 """
 
-# The seed's CreateOrder in one statement (one round trip, one transaction):
+# An order service's CreateOrder in one statement (one round trip, one transaction):
 # the order row and its event commit together.
 CREATE_ORDER_SQL = """
 WITH o AS (INSERT INTO orders (customer, seq, amount) VALUES (%(c)s, %(n)s, %(amount)s)

@@ -16,7 +16,7 @@ CREATE TABLE orders (id bigserial PRIMARY KEY, customer int NOT NULL, seq int NO
                      amount numeric NOT NULL, status text NOT NULL DEFAULT 'pending');
 """
 
-# The seed's CreateOrder: the order and its event in one transaction.  Each
+# An order service's CreateOrder: the order and its event in one transaction.  Each
 # pgbench client writes its own keys (an aggregate's events are serialised
 # by the service), so id order is the order the events happened in.
 CREATE_ORDER = r"""

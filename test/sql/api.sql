@@ -94,7 +94,7 @@ SELECT count(*) - :before AS added FROM outbox.outbox_message;
 SELECT outbox.write('t', 'k-evt', '{}', '{"event_id": "my-own-id"}') IS NOT NULL AS wrote;
 SELECT headers FROM outbox.outbox_message WHERE key = 'k-evt';
 
--- The relay reads pending rows through the seed's partial index, in id order.
+-- The relay reads pending rows through the partial index of pending rows, in id order.
 SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_outbox_message_unpublished';
 SET enable_seqscan = off;
 SET enable_bitmapscan = off;
