@@ -53,6 +53,7 @@ extern "C" {
 namespace {
 
 using outbox::kafka::Consumer;
+using outbox::kafka::report_error;
 
 struct ConsumerState {
     std::unique_ptr<Consumer> consumer;
@@ -61,7 +62,6 @@ struct ConsumerState {
     char *built_topics = nullptr;
     char *built_group = nullptr;
     std::vector<outbox::kafka::Property> secrets;
-    std::vector<outbox::kafka::Property> built_secrets;
     bool secrets_ok = true;
     char last_error[512] = "";
     bool said_idle = false;
@@ -76,23 +76,15 @@ bool consumer_connect(ConsumerState *st, int wake_fd, const char *brokers, const
                       std::size_t errlen) noexcept {
     try {
         outbox::kafka::ConsumerSettings s;
-        s.client.brokers = brokers;
-        s.client.extra = extra;
-        s.client.client_id = client_id;
-        s.client.secrets = st->secrets;
+        s.client = {brokers, client_id, extra, st->secrets};
         s.group_id = group;
         std::string error;
-        if (!outbox::parse_topic_list(topics, s.topics, error)) {
-            snprintf(err, errlen, "outbox.inbox_topics: %s", error.c_str());
-            return false;
-        }
+        if (!outbox::parse_topic_list(topics, s.topics, error))
+            return report_error(err, errlen, "outbox.inbox_topics: " + error);
         st->consumer = Consumer::create(s, wake_fd, error);
-        if (!st->consumer) snprintf(err, errlen, "%s", error.c_str());
-        if (st->consumer) st->built_secrets = st->secrets;
-        return st->consumer != nullptr;
+        return st->consumer || report_error(err, errlen, error);
     } catch (const std::exception &e) {
-        snprintf(err, errlen, "%s", e.what());
-        return false;
+        return report_error(err, errlen, e.what());
     }
 }
 
@@ -101,18 +93,15 @@ void consumer_disconnect(ConsumerState *st) noexcept {
 }
 
 bool secrets_changed(const ConsumerState *st) noexcept {
-    return !outbox::kafka::same_properties(st->secrets, st->built_secrets);
+    return !outbox::kafka::same_properties(st->secrets, st->consumer->secrets());
 }
 
 bool commit_offsets(ConsumerState *st, char *err, std::size_t errlen) noexcept {
     try {
         std::string error;
-        if (st->consumer->commit(error)) return true;
-        snprintf(err, errlen, "%s", error.c_str());
-        return false;
+        return st->consumer->commit(error) || report_error(err, errlen, error);
     } catch (...) {
-        snprintf(err, errlen, "out of memory");
-        return false;
+        return report_error(err, errlen, "out of memory");
     }
 }
 
@@ -352,10 +341,7 @@ void consumer_on_exit(int, Datum arg) {
 }
 
 void consumer_start(OutboxWorker *w) {
-    // nothrow: no C++ exception may unwind into Postgres code.
-    ConsumerState *st = new (std::nothrow) ConsumerState();
-    if (!st) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
-    w->state = st;
+    ConsumerState *st = outbox_worker_new_state<ConsumerState>(w);
     st->built_brokers = outbox_keep_string(nullptr, "");
     st->built_config = outbox_keep_string(nullptr, "");
     st->built_topics = outbox_keep_string(nullptr, "");

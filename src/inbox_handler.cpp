@@ -37,6 +37,7 @@
 #include "outbox/guc.h"
 #include "outbox/queries/inbox.h"
 #include "outbox/shmem.h"
+#include "outbox/policy.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
@@ -56,11 +57,9 @@ extern "C" {
 
 namespace {
 
-// Most records of one topic in one transaction, and the time a topic gets
-// before the next one's turn.
-constexpr int kMaxHandlerBatch = 1000;
-constexpr long kTopicSliceMs = 200;
-constexpr int kMaxTopics = 256;
+using outbox::policy::kMaxHandlerBatch;
+using outbox::policy::kTopicSliceMs;
+constexpr int kMaxTopics = 256;  // topics whose pace is remembered
 
 struct TopicPace {
     Oid handler;

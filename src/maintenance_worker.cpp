@@ -25,6 +25,7 @@
 
 #include "outbox/guc.h"
 #include "outbox/queries/retention.h"
+#include "outbox/policy.h"
 #include "outbox/shmem.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
@@ -38,9 +39,9 @@ extern "C" {
 
 namespace {
 
-constexpr int kRetentionBatch = 1000;
-constexpr long kPassBudgetMs = 5000;
-constexpr long kStragglerCostShare = 50;
+using outbox::policy::kPassBudgetMs;
+using outbox::policy::kRetentionBatch;
+using outbox::policy::kStragglerCostShare;
 
 struct MaintenanceState {
     TimestampTz next_pass_at;

@@ -63,6 +63,7 @@ extern "C" {
 namespace {
 
 using outbox::kafka::Producer;
+using outbox::kafka::report_error;
 
 // Everything the worker keeps between turns.  Allocated once with nothrow
 // new; never freed (the process exits), never on a Postgres stack frame.
@@ -70,7 +71,6 @@ struct RelayState {
     std::unique_ptr<Producer> producer;
     char *built_brokers = nullptr;  // settings the producer was built from
     char *built_config = nullptr;
-    std::vector<outbox::kafka::Property> built_secrets;
     std::vector<outbox::kafka::Property> secrets;  // outbox.kafka_config_file, as last read
     bool secrets_ok = true;
     TimestampTz reconfigure_deadline = 0;  // settings changed while records were in flight
@@ -98,19 +98,13 @@ bool kafka_connect(RelayState *r, int wake_fd, const char *brokers, const char *
                    const char *client_id, int batch_size, char *err, std::size_t errlen) noexcept {
     try {
         outbox::kafka::Settings s;
-        s.client.brokers = brokers;
-        s.client.extra = extra;
-        s.client.client_id = client_id;
-        s.client.secrets = r->secrets;
+        s.client = {brokers, client_id, extra, r->secrets};
         s.batch_size = static_cast<std::size_t>(batch_size);
         std::string error;
         r->producer = Producer::create(s, wake_fd, error);
-        if (!r->producer) snprintf(err, errlen, "%s", error.c_str());
-        if (r->producer) r->built_secrets = r->secrets;
-        return r->producer != nullptr;
+        return r->producer || report_error(err, errlen, error);
     } catch (const std::exception &e) {
-        snprintf(err, errlen, "%s", e.what());
-        return false;
+        return report_error(err, errlen, e.what());
     }
 }
 
@@ -123,10 +117,10 @@ void kafka_disconnect(RelayState *r, int flush_ms) noexcept {
     }
 }
 
-// Reads outbox.kafka_config_file into r->secrets; false with the reason
-// (never a value) when it cannot be used.
+// Whether outbox.kafka_config_file now says other than the producer was
+// built with.
 bool secrets_changed(const RelayState *r) noexcept {
-    return !outbox::kafka::same_properties(r->secrets, r->built_secrets);
+    return !outbox::kafka::same_properties(r->secrets, r->producer->secrets());
 }
 
 // ---- Postgres side ----
@@ -436,10 +430,7 @@ void relay_on_exit(int, Datum arg) {
 }
 
 void relay_start(OutboxWorker *w) {
-    // nothrow: no C++ exception may unwind into Postgres code.
-    RelayState *r = new (std::nothrow) RelayState();
-    if (!r) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
-    w->state = r;
+    RelayState *r = outbox_worker_new_state<RelayState>(w);
     r->built_brokers = outbox_keep_string(nullptr, "");
     r->built_config = outbox_keep_string(nullptr, "");
     // A queue is read in index order, whatever the statistics say: a

@@ -35,4 +35,17 @@ inline constexpr int64_t kBatchByteBudget = 32 * 1024 * 1024;
 inline constexpr double kHandlerRetryBaseSeconds = 0.5;
 inline constexpr double kHandlerRetryCapSeconds = 300;
 
+// An inbox handler takes at most this many of one topic's records in one
+// transaction, and gives a topic this long before the next topic's turn.
+inline constexpr int kMaxHandlerBatch = 1000;
+inline constexpr long kTopicSliceMs = 200;
+
+// Retention deletes in transactions of this many rows; a pass stops after
+// kPassBudgetMs and resumes at once.  The scan for stragglers (rows the
+// commit callback never announced) gets at most 1/kStragglerCostShare of
+// the maintenance worker's time.
+inline constexpr int kRetentionBatch = 1000;
+inline constexpr long kPassBudgetMs = 5000;
+inline constexpr long kStragglerCostShare = 50;
+
 }  // namespace outbox::policy

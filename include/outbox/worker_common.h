@@ -23,6 +23,7 @@
 //            clean stop sends nothing twice.
 #pragma once
 
+#include <new>
 #include <vector>
 
 #include "outbox/kafka/client.h"
@@ -123,6 +124,17 @@ int outbox_schema_version(void);
 // The role that owns the extension here (InvalidOid when not installed).
 // Inside a transaction.
 Oid outbox_extension_owner(void);
+
+// A new, value-initialised T as the kind's state (w->state), for kinds whose
+// state owns C++ objects.  FATAL when memory runs out: nothrow, since no
+// C++ exception may unwind into Postgres code.
+template <class T>
+T *outbox_worker_new_state(OutboxWorker *w) {
+    T *st = new (std::nothrow) T();
+    if (!st) ereport(FATAL, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
+    w->state = st;
+    return st;
+}
 
 // A copy of `value` in TopMemoryContext, freeing `old`.
 char *outbox_keep_string(char *old, const char *value);

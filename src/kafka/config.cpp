@@ -14,6 +14,11 @@
 
 namespace outbox::kafka {
 
+bool report_error(char *err, std::size_t errlen, const char *message) noexcept {
+    if (err && errlen > 0) std::snprintf(err, errlen, "%s", message ? message : "");
+    return false;
+}
+
 namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -200,12 +205,10 @@ bool load_secrets_file(const char *path, std::vector<Property> &out, char *err,
         if (!path || !path[0]) return true;
         std::string error;
         if (load_properties_file(path, out, error)) return true;
-        std::snprintf(err, errlen, "%s", error.c_str());
         out.clear();
-        return false;
+        return report_error(err, errlen, error);
     } catch (...) {
-        std::snprintf(err, errlen, "out of memory");
-        return false;
+        return report_error(err, errlen, "out of memory");
     }
 }
 

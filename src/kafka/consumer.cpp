@@ -24,6 +24,7 @@ std::unique_ptr<Consumer> Consumer::create(const ConsumerSettings &settings, int
                                            std::string &error) noexcept {
     try {
         std::unique_ptr<Consumer> c(new Consumer());
+        c->secrets_ = settings.client.secrets;
         const std::vector<Property> own = {
             {"group.id", settings.group_id},
             // Offsets move only after the rows are committed in Postgres.

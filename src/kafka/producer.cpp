@@ -47,6 +47,7 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
                                            std::string &error) noexcept {
     try {
         std::unique_ptr<Producer> p(new Producer());
+        p->secrets_ = settings.client.secrets;
         // Room for every batch the relay lets be in flight (it stops claiming
         // beyond kMaxBatchesInFlight of them), so QUEUE_FULL means an outage.
         std::size_t queue_messages = std::max<std::size_t>(100000, 5 * settings.batch_size);

@@ -10,6 +10,14 @@ struct rd_kafka_conf_s;
 
 namespace outbox::kafka {
 
+// Copies `message` into the caller's buffer of errlen bytes (always
+// terminated, cut if longer) and returns false: `return report_error(...)`
+// in the noexcept functions that give errors in a char buffer.
+bool report_error(char *err, std::size_t errlen, const char *message) noexcept;
+inline bool report_error(char *err, std::size_t errlen, const std::string &message) noexcept {
+    return report_error(err, errlen, message.c_str());
+}
+
 struct Property {
     std::string name;
     std::string value;

@@ -83,6 +83,9 @@ public:
     // Leaves the group (bounded by librdkafka's own timeouts).
     void close() noexcept;
 
+    // The secrets (outbox.kafka_config_file) this consumer was built with.
+    const std::vector<Property> &secrets() const noexcept { return secrets_; }
+
 private:
     Consumer() = default;
     void handle_error(int err, const std::string &reason);
@@ -98,6 +101,7 @@ private:
     LogBuffer log_;
     BrokerState state_ = BrokerState::Unknown;
     std::string last_error_;
+    std::vector<Property> secrets_;
     std::string last_logged_error_;
     bool fatal_ = false;
 };

@@ -123,6 +123,9 @@ public:
     // pending and will be sent again).
     void shutdown(int timeout_ms) noexcept;
 
+    // The secrets (outbox.kafka_config_file) this producer was built with.
+    const std::vector<Property> &secrets() const noexcept { return secrets_; }
+
 private:
     Producer() = default;
     rd_kafka_topic_s *topic_handle(std::string_view name);
@@ -139,6 +142,7 @@ private:
 
     rd_kafka_s *rk_ = nullptr;
     rd_kafka_queue_s *main_queue_ = nullptr;
+    std::vector<Property> secrets_;
     std::vector<std::pair<std::string, rd_kafka_topic_s *>> topics_;
     std::size_t last_topic_ = 0;
 
