@@ -31,7 +31,7 @@ SHLIB_LINK   = -lrdkafka -lstdc++
 REGRESS      = api privileges processed_event parking operations inbox hostile plans upgrade
 REGRESS_OPTS = --inputdir=$(SRC_ROOT)/test --temp-instance=tmp_check --temp-config=$(SRC_ABS)/test/regress.conf
 # pg_isolation_regress (test/specs, test/expected): concurrent sessions.
-ISOLATION      = mark_processed_race relay_claim
+ISOLATION      = mark_processed_race relay_claim write_heal_lock subscribe_race
 ISOLATION_OPTS = --inputdir=$(SRC_ROOT)/test --temp-instance=tmp_check_iso --temp-config=$(SRC_ABS)/test/regress.conf
 
 # No JIT bitcode: it needs clang and buys nothing for this module.

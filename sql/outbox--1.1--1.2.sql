@@ -95,6 +95,24 @@ CREATE INDEX ix_inbox_message_unprocessed_topic ON outbox.inbox_message (topic, 
 -- function's owner (see outbox.inbox_subscribe).
 ALTER TABLE outbox.inbox_subscription RENAME COLUMN run_as TO owner;
 REVOKE ALL ON outbox.inbox_subscription FROM PUBLIC;
+-- 1.1 let whoever could write the table subscribe, and said so: take back
+-- every such grant, or a role could still write a row naming any owner.
+DO $$
+DECLARE
+    grantee name;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT r.rolname
+          FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) AS a
+          JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE c.oid OPERATOR(pg_catalog.=) 'outbox.inbox_subscription'::pg_catalog.regclass
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON outbox.inbox_subscription FROM %I', grantee);
+        RAISE WARNING 'outbox 1.2: revoked role %''s privileges on outbox.inbox_subscription; '
+                      'subscriptions are made with outbox.inbox_subscribe() now', grantee;
+    END LOOP;
+END $$;
 
 CREATE OR REPLACE FUNCTION outbox.inbox_subscribe(topic text, handler regprocedure)
 RETURNS void

@@ -21,6 +21,7 @@ int outbox_batch_size = 5000;
 int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
 int outbox_linger_ms = 10;
+int outbox_inbox_handler_timeout_ms = 60 * 1000;
 int outbox_workers = 1;
 int outbox_max_attempts = 10;
 bool outbox_synchronous_commit = true;
@@ -148,6 +149,14 @@ void outbox_define_gucs(void) {
         "short transactions, so a slow or unreachable Kafka never holds a transaction open.",
         &outbox_batch_timeout_ms, 5000, 10, 600 * 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
         nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.inbox_handler_timeout", "Longest one inbox handler call may run.",
+        "A call that runs longer is cancelled like a statement past statement_timeout: it "
+        "counts as a failed attempt, so a handler that never returns is retried and parked, "
+        "and the other topics go on. 0: no limit.",
+        &outbox_inbox_handler_timeout_ms, 60 * 1000, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+        nullptr, nullptr);
 
     DefineCustomIntVariable(
         "outbox.linger", "Longest a busy relay lets commits gather before it claims them.",

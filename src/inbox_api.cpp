@@ -24,6 +24,7 @@ extern "C" {
 #include "catalog/namespace.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "storage/lmgr.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -62,8 +63,14 @@ uint64 run_as_extension_owner(OutboxQuery *q, const Datum *values) {
     return n;
 }
 
-// The current subscription of `topic`: false when there is none.
+// The current subscription of `topic`: false when there is none.  Takes
+// the subscription table's SHARE ROW EXCLUSIVE lock first, till the end of
+// the transaction: a subscribe or unsubscribe racing this one waits, so
+// what was checked here is what this transaction changes (the handler
+// workers' reads are not held up).
 bool current_subscription(text *topic, Oid *owner, Oid *handler_owner) {
+    LockRelationOid(get_relname_relid("inbox_subscription", get_namespace_oid("outbox", false)),
+                    ShareRowExclusiveLock);
     Datum values[1] = {PointerGetDatum(topic)};
     if (run_as_extension_owner(&subscription_of_query, values) == 0) return false;
     bool isnull;

@@ -53,6 +53,7 @@ extern "C" {
 #include "utils/memutils.h"
 #include "utils/regproc.h"
 #include "utils/timestamp.h"
+#include "utils/timeout.h"
 }
 
 namespace {
@@ -123,6 +124,11 @@ void call_handler(void *arg) {
                              PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
     SetUserIdAndSecContext(c->sub->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
                                               SECURITY_RESTRICTED_OPERATION);
+    // Postgres' own statement timeout, armed by hand (a worker runs no
+    // top-level statements): a call past it ends with an ERROR, which undoes
+    // the subtransaction and counts as a failed attempt.
+    if (outbox_inbox_handler_timeout_ms > 0)
+        enable_timeout_after(STATEMENT_TIMEOUT, outbox_inbox_handler_timeout_ms);
     // Not OidFunctionCall1: a void SQL function returns NULL, which that
     // refuses.  The result is ignored.
     FmgrInfo flinfo;
@@ -132,10 +138,20 @@ void call_handler(void *arg) {
     fcinfo->args[0].value = c->arg;
     fcinfo->args[0].isnull = false;
     (void) FunctionCallInvoke(fcinfo);
+    disable_timeout(STATEMENT_TIMEOUT, false);
     // Whatever the handler set, SET LOCAL or not, goes with its nest level.
     AtEOXact_GUC(false, nest);
     SetUserIdAndSecContext(save_userid, save_sec_context);
     outbox_inbox_done(c->event_ids, c->n);
+}
+
+// call_handler in a subtransaction; false with the error when it raised.
+// The handler's timeout never outlives the call, whichever way it ended.
+bool run_handler(HandlerCall *call, char **error) {
+    bool ok = outbox_worker_subtransaction(call_handler, call, error);
+    if (get_timeout_active(STATEMENT_TIMEOUT)) disable_timeout(STATEMENT_TIMEOUT, false);
+    if (get_timeout_indicator(STATEMENT_TIMEOUT, true)) QueryCancelPending = false;
+    return ok;
 }
 
 Datum rows_array(const OutboxInboxClaim *rows, int n) {
@@ -178,7 +194,7 @@ void handle_one_by_one(OutboxWorker *w, const OutboxSubscription &sub, OutboxInb
         if (r.key && key_in(r.key, failed_keys, nfailed)) continue;
         HandlerCall call{&sub, sub.batch ? rows_array(&r, 1) : r.row, &r.event_id, 1};
         char *error = nullptr;
-        if (outbox_worker_subtransaction(call_handler, &call, &error)) {
+        if (run_handler(&call, &error)) {
             counts->handled++;
             continue;
         }
@@ -208,7 +224,7 @@ int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
         for (int i = 0; i < claimed; i++) ids[i] = rows[i].event_id;
         HandlerCall call{&sub, rows_array(rows, claimed), ids, claimed};
         char *error = nullptr;
-        if (outbox_worker_subtransaction(call_handler, &call, &error)) {
+        if (run_handler(&call, &error)) {
             counts.handled = static_cast<uint64>(claimed);
         } else {
             ereport(DEBUG1, (errmsg("%s: a batch of %d records of \"%s\" failed (%s); handling "

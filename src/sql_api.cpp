@@ -12,6 +12,7 @@
 #include "outbox/workers.h"
 
 extern "C" {
+#include "access/detoast.h"
 #include "catalog/namespace.h"
 #include "commands/dbcommands.h"
 #include "executor/spi.h"
@@ -96,6 +97,53 @@ void check_partition(const char *function, FunctionCallInfo fcinfo, int arg, boo
                                *partition)));
 }
 
+// Kafka's message.max.bytes bounds a whole record; we hold its value, its
+// key and its headers each to outbox.max_message_bytes, so that no row
+// write() takes can outgrow what the relay renders and sends.
+[[noreturn]] void too_large(const char *function, const char *what, int64 bytes) {
+    ereport(ERROR,
+            (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+             errmsg("%s: the message's %s %s %lld bytes, more than outbox.max_message_bytes "
+                    "(%d)",
+                    function, what, strcmp(what, "headers") == 0 ? "are" : "is",
+                    static_cast<long long>(bytes), outbox_max_message_bytes),
+             errhint("Kafka refuses records larger than its message.max.bytes; a superuser may "
+                     "raise outbox.max_message_bytes if the topic accepts them.")));
+    pg_unreachable();
+}
+
+// The JSON text Kafka would get for `doc` (the payload as the value, or the
+// headers) in UTF-8 may not pass outbox.max_message_bytes.  jsonb prints at
+// most 6 bytes per byte it stores (a control character becomes \u00XX), and
+// a server encoding's character never needs more than twice its bytes in
+// UTF-8: below that bound nothing is rendered.  Its text is never much
+// shorter than half what jsonb stores: a document stored in more than twice
+// the limit is refused without rendering it (which could pass 1 GB).
+void check_json_size(const char *function, const char *what, Jsonb *doc) {
+    int64 stored = VARSIZE(doc);
+    int64 limit = outbox_max_message_bytes;
+    int expand = GetDatabaseEncoding() == PG_UTF8 ? 6 : 12;
+    if (stored * expand + 64 <= limit) return;
+    if (stored > 2 * limit) too_large(function, what, stored);
+    char *text = JsonbToCString(nullptr, &doc->root, VARSIZE(doc));
+    int64 len = static_cast<int64>(strlen(text));
+    int enc = GetDatabaseEncoding();
+    if (enc != PG_UTF8 && enc != PG_SQL_ASCII && len > limit / 2) {
+        char *utf8 = pg_server_to_any(text, static_cast<int>(len), PG_UTF8);
+        if (utf8 != text) len = static_cast<int64>(strlen(utf8));
+    }
+    if (len > limit) too_large(function, what, len);
+}
+
+// A key (text or bytes) may not pass outbox.max_message_bytes either (as
+// UTF-8, a text key of a single-byte encoding may double).
+void check_key_size(const char *function, Datum key, bool is_text) {
+    int64 len = static_cast<int64>(toast_raw_datum_size(key)) - VARHDRSZ;
+    int enc = GetDatabaseEncoding();
+    if (is_text && enc != PG_UTF8 && enc != PG_SQL_ASCII) len *= 2;
+    if (len > outbox_max_message_bytes) too_large(function, "key", len);
+}
+
 // What write() and write_bytes() take alike: the topic (argument 0),
 // headers (3; NULL: none) merged with the session's defaults, and the
 // partition (4, when given).
@@ -111,36 +159,8 @@ void common_arguments(const char *fn, FunctionCallInfo fcinfo, OutboxNewMessage 
         headers = PG_GETARG_DATUM(3);
     }
     m->headers = merged_headers(headers);
+    check_json_size(fn, "headers", DatumGetJsonbP(m->headers));
     check_partition(fn, fcinfo, 4, &m->has_partition, &m->partition);
-}
-
-[[noreturn]] void too_large(const char *function, int64 bytes) {
-    ereport(ERROR,
-            (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-             errmsg("%s: the message's value is %lld bytes, more than outbox.max_message_bytes "
-                    "(%d)",
-                    function, static_cast<long long>(bytes), outbox_max_message_bytes),
-             errhint("Kafka refuses records larger than its message.max.bytes; a superuser may "
-                     "raise outbox.max_message_bytes if the topic accepts them.")));
-    pg_unreachable();
-}
-
-// The value Kafka would get is the payload's JSON text in UTF-8.  jsonb
-// prints at most 6 bytes per byte it stores (a control character becomes
-// \u00XX), and a server encoding's character never needs more than twice
-// its bytes in UTF-8: below that bound nothing is rendered.
-void check_payload_size(Jsonb *payload) {
-    int64 stored = VARSIZE(payload);
-    int expand = GetDatabaseEncoding() == PG_UTF8 ? 6 : 12;
-    if (stored * expand + 64 <= outbox_max_message_bytes) return;
-    char *text = JsonbToCString(nullptr, &payload->root, VARSIZE(payload));
-    int64 len = static_cast<int64>(strlen(text));
-    int enc = GetDatabaseEncoding();
-    if (enc != PG_UTF8 && enc != PG_SQL_ASCII) {
-        char *utf8 = pg_server_to_any(text, static_cast<int>(len), PG_UTF8);
-        if (utf8 != text) len = static_cast<int64>(strlen(utf8));
-    }
-    if (len > outbox_max_message_bytes) too_large("outbox.write", len);
 }
 
 // A version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, then random.
@@ -168,10 +188,8 @@ pg_uuid_t *insert(OutboxNewMessage *m) {
     new_message_id(message_id);
     m->message_id = message_id;
     SPI_connect();
-    if (healed_database != MyDatabaseId) {
-        outbox_heal_id_sequence();
+    if (healed_database != MyDatabaseId && outbox_heal_id_sequence())
         healed_database = MyDatabaseId;
-    }
     outbox_writer_allocating();
     int64 id = outbox_insert_message(m);
     outbox_writer_wrote(id);
@@ -232,7 +250,8 @@ Datum outbox_write(PG_FUNCTION_ARGS) {
     common_arguments(fn, fcinfo, &m);
     if (PG_ARGISNULL(1)) outbox_null_argument(fn, "key");
     if (PG_ARGISNULL(2)) outbox_null_argument(fn, "payload");
-    check_payload_size(PG_GETARG_JSONB_P(2));
+    check_key_size(fn, PG_GETARG_DATUM(1), true);
+    check_json_size(fn, "value", PG_GETARG_JSONB_P(2));
     m.key = PG_GETARG_DATUM(1);
     m.payload = PG_GETARG_DATUM(2);
     PG_RETURN_UUID_P(insert(&m));
@@ -253,11 +272,12 @@ Datum outbox_write_bytes(PG_FUNCTION_ARGS) {
     if (m.has_value) {
         bytea *value = PG_GETARG_BYTEA_PP(2);
         int64 len = static_cast<int64>(VARSIZE_ANY_EXHDR(value));
-        if (len > outbox_max_message_bytes) too_large(fn, len);
+        if (len > outbox_max_message_bytes) too_large(fn, "value", len);
         m.value = PointerGetDatum(value);
     }
     m.has_key_bytes = !PG_ARGISNULL(1);
     if (m.has_key_bytes) {
+        check_key_size(fn, PG_GETARG_DATUM(1), false);
         m.key_bytes = PG_GETARG_DATUM(1);
         m.key = order_key_of_bytes(PG_GETARG_BYTEA_PP(1));
     } else {

@@ -11,6 +11,7 @@ extern char *outbox_kafka_config_file;
 extern int outbox_batch_size;
 extern int outbox_poll_interval_ms;
 extern int outbox_batch_timeout_ms;
+extern int outbox_inbox_handler_timeout_ms;
 extern int outbox_linger_ms;
 extern int outbox_workers;
 extern int outbox_max_attempts;

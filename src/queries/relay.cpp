@@ -47,13 +47,22 @@ constexpr Size kRenderGuardBytes = 16 * 1024 * 1024;
 
 // Text in UTF-8: what Kafka clients expect of JSON, keys and header values.
 // A UTF-8 server needs nothing; SQL_ASCII has no encoding to convert from,
-// so its bytes go as they are.
+// so its bytes go as they are.  A character the server's encoding has and
+// UTF-8 lacks (a few bytes of WIN1251 or WIN1252 map to nothing) gives
+// nullptr, never an ERROR: the row is parked, not claimed again forever.
 const char *to_utf8(const char *s, std::size_t *len) {
     int enc = GetDatabaseEncoding();
     if (enc == PG_UTF8 || enc == PG_SQL_ASCII || *len == 0) return s;
-    char *out = pg_server_to_any(s, static_cast<int>(*len), PG_UTF8);
-    if (out != s) *len = strlen(out);
-    return out;
+    Oid proc = FindDefaultConversionProc(enc, PG_UTF8);
+    if (!OidIsValid(proc)) return nullptr;
+    Size room = *len * MAX_CONVERSION_GROWTH + 1;
+    auto *out = static_cast<unsigned char *>(palloc(room));
+    int done = pg_do_encoding_conversion_buf(
+        proc, enc, PG_UTF8, reinterpret_cast<unsigned char *>(const_cast<char *>(s)),
+        static_cast<int>(*len), out, static_cast<int>(room), true);
+    if (done != static_cast<int>(*len)) return nullptr;
+    *len = strlen(reinterpret_cast<char *>(out));
+    return reinterpret_cast<char *>(out);
 }
 
 const char *text_bytes(Datum d, std::size_t *len) {
@@ -79,6 +88,36 @@ struct Render {
 void render_call(void *arg) {
     auto *r = static_cast<Render *>(arg);
     r->text = jsonb_text(r->jsonb, &r->len);
+}
+
+// The JSON text of a jsonb column of the row.  One bigger than
+// kRenderGuardBytes is rendered in a subtransaction, so that one too big to
+// render gives `error` (for parking) instead of failing every claim.
+char *render_json(Datum d, const char *what, std::size_t *len, char **error) {
+    Size raw = toast_raw_datum_size(d);
+    if (raw <= kRenderGuardBytes) return jsonb_text(d, len);
+    Render render{d, nullptr, 0};
+    char *reason = nullptr;
+    if (outbox_worker_subtransaction(render_call, &render, &reason)) {
+        *len = render.len;
+        return render.text;
+    }
+    *error = psprintf("the %s (%lld bytes as jsonb) cannot be rendered as JSON text: %s", what,
+                      static_cast<long long>(raw), reason);
+    *len = 0;
+    return pstrdup("");
+}
+
+// `text` in UTF-8, or an error naming `what` for parking.
+const char *utf8_or_error(const char *text, std::size_t *len, const char *what, char **error) {
+    if (*error) return text;
+    const char *out = to_utf8(text, len);
+    if (out) return out;
+    *error = psprintf("the %s holds a character that has no equivalent in UTF-8 (database "
+                      "encoding %s)",
+                      what, GetDatabaseEncodingName());
+    *len = 0;
+    return "";
 }
 
 void format_uuid(const pg_uuid_t *u, char *out) {
@@ -117,11 +156,15 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int 
         Datum value = outbox_col(i, is_binary ? sql::kClaimValue : sql::kClaimPayload, &isnull);
         bool has_value = !isnull;
         int64 raw = has_value ? static_cast<int64>(toast_raw_datum_size(value)) : 0;
-        if (i > 0 && used + raw > byte_budget) {
+        Datum headers = outbox_col(i, sql::kClaimHeaders, &isnull);
+        Datum key = outbox_col(i, sql::kClaimKey, &isnull);
+        int64 bytes = raw + static_cast<int64>(toast_raw_datum_size(headers)) +
+                      static_cast<int64>(toast_raw_datum_size(key));
+        if (i > 0 && used + bytes > byte_budget) {
             out->left = n - i;
             break;
         }
-        used += raw;
+        used += bytes;
 
         outbox::kafka::Record &r = out->records[i];
         r.id = DatumGetInt64(outbox_col(i, sql::kClaimId, &isnull));
@@ -129,11 +172,12 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int 
         format_uuid(DatumGetUUIDP(outbox_col(i, sql::kClaimMessageId, &isnull)), eid);
         r.event_id = eid;
         r.topic = text_bytes(outbox_col(i, sql::kClaimTopic, &isnull), &r.topic_len);
-        r.order_key = text_bytes(outbox_col(i, sql::kClaimKey, &isnull), &r.order_key_len);
+        r.order_key = text_bytes(key, &r.order_key_len);
         Datum p = outbox_col(i, sql::kClaimPartition, &isnull);
         r.partition = isnull ? -1 : DatumGetInt32(p);
-        r.headers = jsonb_text(outbox_col(i, sql::kClaimHeaders, &isnull), &r.headers_len);
-        r.headers = to_utf8(r.headers, &r.headers_len);
+        char *error = nullptr;
+        r.headers = render_json(headers, "headers", &r.headers_len, &error);
+        r.headers = utf8_or_error(r.headers, &r.headers_len, "headers", &error);
         if (is_binary) {
             // Bytes, exactly as written: no conversion.
             Datum k = outbox_col(i, sql::kClaimKeyBytes, &isnull);
@@ -146,24 +190,12 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int 
             if (has_value) r.value = text_bytes(value, &r.value_len);
         } else {
             r.key_len = r.order_key_len;
-            r.key = to_utf8(r.order_key, &r.key_len);
-            if (static_cast<Size>(raw) <= kRenderGuardBytes) {
-                r.value = jsonb_text(value, &r.value_len);
-            } else {
-                Render render{value, nullptr, 0};
-                char *error = nullptr;
-                if (outbox_worker_subtransaction(render_call, &render, &error)) {
-                    r.value = render.text;
-                    r.value_len = render.len;
-                } else {
-                    r.error = psprintf("the payload (%lld bytes as jsonb) cannot be rendered as "
-                                       "JSON text: %s",
-                                       static_cast<long long>(raw), error);
-                    r.value = "";
-                }
-            }
-            if (!r.error) r.value = to_utf8(r.value, &r.value_len);
+            r.key = utf8_or_error(r.order_key, &r.key_len, "key", &error);
+            r.value = render_json(value, "payload", &r.value_len, &error);
+            r.value = utf8_or_error(r.value, &r.value_len, "payload", &error);
         }
+        r.error = error;
+        if (error) r.value = "";
         bool ctid_null;
         ItemPointerCopy(reinterpret_cast<ItemPointer>(
                             DatumGetPointer(outbox_col(i, sql::kClaimCtid, &ctid_null))),

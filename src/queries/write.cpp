@@ -46,10 +46,13 @@ int64 outbox_insert_message(const OutboxNewMessage *m) {
     return DatumGetInt64(outbox_col(0, 1, &isnull));
 }
 
-void outbox_heal_id_sequence(void) {
+bool outbox_heal_id_sequence(void) {
     LOCKTAG tag;
     SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, kHealKey1, kHealKey2, 2);
-    (void) LockAcquire(&tag, ExclusiveLock, true, false);
+    // Never wait: any role may take this advisory lock with
+    // pg_advisory_lock() and keep it.  While another backend holds it, this
+    // one skips the check and tries again at its next write.
+    if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL) return false;
     PG_TRY();
     {
         if (outbox_run(&heal_query, nullptr, nullptr, 0) > 0)
@@ -62,4 +65,5 @@ void outbox_heal_id_sequence(void) {
         LockRelease(&tag, ExclusiveLock, true);
     }
     PG_END_TRY();
+    return true;
 }

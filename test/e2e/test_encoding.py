@@ -97,6 +97,29 @@ class Encodings(unittest.TestCase):
         print(f"\n  encodings: keys, values and headers arrive as UTF-8 from "
               f"{', '.join(DATABASES)}; 'clé' on partition {partitions['utf8db']} from both")
 
+    def test_a_character_utf8_lacks_is_parked_and_the_rest_go_on(self):
+        # 0x98 is a byte of WIN1251 that maps to no Unicode character: a key,
+        # a payload or a header value holding it cannot be sent as UTF-8.
+        db = "win1251db"
+        self.assertEqual(self.query(db, "SELECT length(chr(152))")[0][0], 1)
+        with self.assertRaises(Exception):
+            self.query(db, "SELECT convert_to(chr(152), 'UTF8')")
+        poison = []
+        for key, payload, headers in (("chr(152)", "'{}'", "'{}'"),
+                                      ("'k'", "jsonb_build_object('x', chr(152))", "'{}'"),
+                                      ("'k'", "'{}'", "jsonb_build_object('h', chr(152))")):
+            poison.append(self.query(db, f"SELECT outbox.write('order.events', {key}, {payload}, "
+                                         f"{headers})::text")[0][0])
+        after = self.query(db, "SELECT outbox.write('order.events', 'after', '{}')::text")[0][0]
+        self.record(after)  # published: nothing held it up
+        parked = wait_until(lambda: (r := self.query(
+            db, "SELECT message_id::text, last_error FROM outbox.parked_messages "
+                "WHERE message_id = ANY(%s::uuid[])", (poison,))) and len(r) == 3 and r, 60,
+            what="the three rows parked")
+        for _, error in parked:
+            self.assertIn("no equivalent in UTF-8", error)
+        print("\n  encodings: key, payload and header with WIN1251's 0x98 parked, the next published")
+
     def test_inbox_stores_in_the_database_encoding_and_keeps_what_it_cannot(self):
         producer = Producer({"bootstrap.servers": self.broker.bootstrap, "log_level": 2})
         accents, foreign = str(uuid.uuid4()), str(uuid.uuid4())

@@ -174,6 +174,37 @@ class Hostile(unittest.TestCase):
                       self.scalar("SELECT last_error FROM outbox.inbox_message WHERE attempts > 0"))
         self.assertEqual(self.pg.sql("SELECT DISTINCT who FROM ran_as"), [("attacker",)])
 
+    def test_a_handler_that_never_returns_is_parked_and_other_topics_go_on(self):
+        # A subscriber's handler sleeps for ever.  Its call is cancelled after
+        # outbox.inbox_handler_timeout, counted, retried and parked; another
+        # subscriber's topic, served by the same handler worker, goes on.
+        self.start({"outbox.inbox_topics": "'payments.events, orders.events'",
+                    "outbox.inbox_handler_timeout": "'1s'"},
+                   topics=(f"{TOPIC}:1", "orders.events:1"))
+        self.pg.sql("""
+            CREATE EXTENSION outbox;
+            CREATE TABLE handled (event_id uuid PRIMARY KEY);
+            CREATE FUNCTION stuck(m outbox.inbox_message) RETURNS void LANGUAGE sql
+                AS $$ SELECT pg_sleep('infinity') $$;
+            CREATE FUNCTION fine(m outbox.inbox_message) RETURNS void LANGUAGE sql
+                AS $$ INSERT INTO handled VALUES (m.event_id) $$;
+            SELECT outbox.inbox_subscribe('payments.events', 'stuck(outbox.inbox_message)');
+            SELECT outbox.inbox_subscribe('orders.events', 'fine(outbox.inbox_message)');
+        """)
+        stuck = self.produce(TOPIC, [{"n": 1}])
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message "
+                                       "WHERE attempts > 0"), 60, what="the stuck call cancelled")
+        fine = self.produce("orders.events", [{"n": n} for n in range(5)])
+        wait_until(lambda: self.scalar("SELECT count(*) FROM handled") == 5, 30,
+                   what="the other topic handled")
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_parked "
+                                       "WHERE event_id = %s", stuck[0]), 60,
+                   what="the stuck record parked")
+        self.assertIn("statement timeout", self.scalar(
+            "SELECT last_error FROM outbox.inbox_message WHERE event_id = %s", stuck[0]))
+        self.assertEqual({r[0] for r in self.pg.sql("SELECT event_id::text FROM handled")},
+                         set(fine))
+
     def test_nothing_a_handler_sets_or_creates_outlives_its_record(self):
         self.start({"outbox.inbox_topics": "'payments.events, orders.events'"},
                    topics=(f"{TOPIC}:1", "orders.events:1"))
@@ -282,23 +313,30 @@ class Hostile(unittest.TestCase):
 
     # ---- a writer with EXECUTE only (or a row that got in anyway) ----------------
 
-    def test_a_payload_that_cannot_be_rendered_is_parked_and_the_rest_go_on(self):
+    def test_a_row_that_cannot_be_rendered_is_parked_and_the_rest_go_on(self):
         self.start()
         self.pg.sql("CREATE EXTENSION outbox")
         # 180 MB of control characters print as more than 1 GB of JSON text:
-        # outbox.write() refuses it, but a row can get in another way.
-        self.pg.sql("INSERT INTO outbox.outbox_message (message_id, topic, key, payload) "
-                    "VALUES (gen_random_uuid(), 'order.events', 'poison', "
-                    "jsonb_build_object('x', repeat(chr(1), 180000000)))")
+        # outbox.write() refuses such a payload or such headers, but a row can
+        # get in another way.
+        for payload, headers in (("jsonb_build_object('x', repeat(chr(1), 180000000))", "'{}'"),
+                                 ("'{}'", "jsonb_build_object('h', repeat(chr(1), 180000000))")):
+            self.pg.sql("INSERT INTO outbox.outbox_message (message_id, topic, key, payload, headers) "
+                        f"VALUES (gen_random_uuid(), 'order.events', 'poison', {payload}, {headers})")
         self.pg.sql("SELECT outbox._wake_relay_at_commit()")
         self.pg.sql("SELECT count(outbox.write('order.events', 'after-' || i, '{}')) "
                     "FROM generate_series(1, 100) i")
         wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
                                        "WHERE published_at IS NOT NULL") == 100, 120,
                    what="the messages after the poison published")
-        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.parked_messages") == 1, 60,
-                   what="the poison parked")
-        self.assertIn("cannot be rendered", self.scalar("SELECT last_error FROM outbox.parked_messages"))
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.parked_messages") == 2, 60,
+                   what="both poison rows parked")
+        errors = [r[0] for r in self.pg.sql("SELECT last_error FROM outbox.parked_messages "
+                                            "ORDER BY id")]
+        self.assertIn("the payload", errors[0])
+        self.assertIn("the headers", errors[1])
+        for e in errors:
+            self.assertIn("cannot be rendered", e)
 
     def test_sigterm_during_an_outage_is_not_held_up_by_a_full_queue(self):
         # librdkafka's queue holds 100 records; 2,000 are pending while Kafka
@@ -350,6 +388,31 @@ class Hostile(unittest.TestCase):
         stored = {r[0] for r in self.pg.sql("SELECT event_id::text FROM outbox.inbox_message",
                                             dbname="app")}
         self.assertEqual(stored, set(ids), "records whose offsets were committed were lost")
+
+    def test_a_record_timestamp_postgres_cannot_hold_stops_nothing(self):
+        # A producer sets the record's CreateTime; INT64_MAX ms is past what
+        # a timestamptz holds.  The record is stored (without a time) and the
+        # records after it too, by the same consumer process.
+        self.start()
+        self.pg.sql("CREATE EXTENSION outbox")
+        pid = wait_until(lambda: self.scalar("SELECT pid FROM pg_stat_activity "
+                                             "WHERE backend_type = 'pg outbox inbox consumer'"),
+                         30, what="the inbox consumer")
+        ids = []
+        for ts in (2 ** 63 - 1, int(time.time() * 1000)):
+            eid = str(uuid.uuid4())
+            ids.append(eid)
+            self.producer.produce(TOPIC, key="k", value=b"{}", headers=[("event_id", eid)],
+                                  timestamp=ts)
+        self.producer.flush(30)
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message") == 2, 60,
+                   what="both records stored")
+        rows = dict(self.pg.sql("SELECT event_id::text, kafka_timestamp IS NOT NULL "
+                                "FROM outbox.inbox_message"))
+        self.assertEqual(rows, {ids[0]: False, ids[1]: True})
+        self.assertEqual(self.scalar("SELECT pid FROM pg_stat_activity "
+                                     "WHERE backend_type = 'pg outbox inbox consumer'"), pid,
+                         "the consumer restarted")
 
     def test_each_database_has_its_own_consumer_group(self):
         self.start({"outbox.database": "'app1, app2'", "outbox.inbox_group": "'shared'",

@@ -28,7 +28,15 @@ SELECT outbox.write_bytes('order.events', 'big', decode(repeat('00', 1100000), '
 SET outbox.max_message_bytes = '10MB';
 -- Control characters print six times longer as JSON text: measured as sent.
 SELECT outbox.write('order.events', 'ctl', jsonb_build_object('x', repeat(chr(1), 200000)));
+-- So are a key and headers over the limit: headers of control characters
+-- as they print, and headers far over it without printing them at all
+-- (the relay could not print 180 MB of them: more than 1 GB of text).
+SELECT outbox.write('order.events', repeat('k', 1100000), '{}');
+SELECT outbox.write('order.events', 'k', '{}', jsonb_build_object('h', repeat(chr(1), 200000)));
+SELECT outbox.write('order.events', 'k', '{}', jsonb_build_object('h', repeat(chr(1), 5000000)));
 RESET ROLE;
+-- write_bytes()'s key too (as a superuser: the attacker may not call it).
+SELECT outbox.write_bytes('order.events', decode(repeat('00', 1100000), 'hex'), NULL);
 SET outbox.max_message_bytes = '10MB';  -- a superuser may
 SELECT outbox.write('order.events', 'ctl', jsonb_build_object('x', repeat(chr(1), 200000))) IS NOT NULL AS wrote;
 RESET outbox.max_message_bytes;

@@ -51,8 +51,16 @@ CREATE ROLE regress_outbox_old_writer;
 GRANT USAGE ON SCHEMA outbox TO regress_outbox_old_writer;
 GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb) TO regress_outbox_old_writer;
 
+-- 1.1 said whoever may write the subscription table may subscribe: such a
+-- grant must not survive into 1.2, where only inbox_subscribe() may.
+ALTER EXTENSION outbox UPDATE TO '1.1';
+CREATE ROLE regress_outbox_old_subscriber;
+GRANT INSERT, UPDATE, DELETE ON outbox.inbox_subscription TO regress_outbox_old_subscriber;
+
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+SELECT pg_catalog.has_table_privilege('regress_outbox_old_subscriber', 'outbox.inbox_subscription',
+                                      'INSERT, UPDATE, DELETE') AS old_subscriber_may_write;
 
 -- The rows written under 1.0 are all there, and 1.2's objects work.
 SELECT key, payload, is_binary FROM outbox.outbox_message;
@@ -88,3 +96,5 @@ SELECT pg_describe_object(classid, objid, 0) AS object
 DROP EXTENSION outbox;
 DROP OWNED BY regress_outbox_old_writer;
 DROP ROLE regress_outbox_old_writer;
+DROP OWNED BY regress_outbox_old_subscriber;
+DROP ROLE regress_outbox_old_subscriber;

@@ -11,7 +11,9 @@ namespace outbox::sql::inbox {
 // again (offsets from 0) does not reuse the ids of the old records.
 // Arrays: $1 event ids (NULL: derive), $2 topics, $3 key text, $4 key bytes,
 // $5 payload JSON text, $6 value bytes, $7 headers JSON text, $8 partitions,
-// $9 offsets, $10 timestamps (ms, -1: none).
+// $9 offsets, $10 timestamps (ms, -1: none).  A producer sets the
+// timestamp it likes: one past the year 9999 (Postgres' timestamps end in
+// 294276) is stored as none rather than failing the batch again and again.
 inline constexpr const char kInsert[] =
     "INSERT INTO outbox.inbox_message"
     " (event_id, topic, key, key_bytes, payload, value, headers, kafka_partition, kafka_offset,"
@@ -21,7 +23,7 @@ inline constexpr const char kInsert[] =
     "::uuid),"
     " r.topic, r.key, r.key_bytes, r.payload::jsonb, r.value, r.headers::jsonb,"
     " r.kafka_partition, r.kafka_offset,"
-    " CASE WHEN r.ts >= 0 THEN pg_catalog.to_timestamp(r.ts::float8 / 1000) END"
+    " CASE WHEN r.ts BETWEEN 0 AND 253402300799999 THEN pg_catalog.to_timestamp(r.ts::float8 / 1000) END"
     " FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),"
     " pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::bytea[]),"
     " pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::bytea[]),"
@@ -41,7 +43,8 @@ inline constexpr const char kInsertRaw[] =
     " VALUES (coalesce($1::uuid,"
     " pg_catalog.md5($2 || '/' || $8 || '/' || $9 || '/' || $10)::uuid),"
     " $2, $3, $4, pg_catalog.jsonb_build_object('raw_text', $5::text), $6, $7::jsonb, $8, $9,"
-    " CASE WHEN $10 >= 0 THEN pg_catalog.to_timestamp($10::float8 / 1000) END)"
+    " CASE WHEN $10 BETWEEN 0 AND 253402300799999 THEN pg_catalog.to_timestamp($10::float8 / 1000)"
+    " END)"
     " ON CONFLICT (event_id) DO NOTHING";
 
 // Every subscription: the topic, its handler, the handler's owner (it runs

@@ -28,5 +28,6 @@ int64 outbox_insert_message(const OutboxNewMessage *m);
 
 // Moves the id sequence past the table's highest id if it is behind (a
 // restore from a dump that did not carry it).  Cheap enough for once per
-// backend; serialized with a session advisory lock.
-void outbox_heal_id_sequence(void);
+// backend; serialized with an advisory lock it never waits for.  False
+// when another backend held that lock and nothing was checked.
+bool outbox_heal_id_sequence(void);
