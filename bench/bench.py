@@ -581,6 +581,15 @@ SCENARIOS = ("drain", "latency", "write", "memory", "inbox", "retention", "snaps
              "delay", "backlog", "inbox_scale")
 
 
+class _Echo(list):
+    """A list of report lines that also prints each one as it comes, so a
+    scenario that fails late does not take the earlier figures with it."""
+
+    def append(self, item):
+        print(item, flush=True)
+        super().append(item)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -607,8 +616,8 @@ def main():
                     "shared_buffers": "'512MB'", "max_wal_size": "'8GB'",
                     "checkpoint_timeout": "'30min'"}, name="outbox-bench")
     results = {}
-    lines = ["| measure | median (min-max) | ratio |", "|---|---|---|"]
-    extra_tables = []
+    lines = _Echo(["| measure | median (min-max) | ratio |", "|---|---|---|"])
+    extra_tables = _Echo()
     try:
         pg.start()
         pg.sql("CREATE EXTENSION outbox")
