@@ -53,7 +53,10 @@ constexpr Size kRenderGuardBytes = 16 * 1024 * 1024;
 const char *to_utf8(const char *s, std::size_t *len) {
     int enc = GetDatabaseEncoding();
     if (enc == PG_UTF8 || enc == PG_SQL_ASCII || *len == 0) return s;
-    Oid proc = FindDefaultConversionProc(enc, PG_UTF8);
+    // A worker's database, and so its encoding, never changes: look the
+    // conversion up once, not for every key, payload and header.
+    static Oid proc = InvalidOid;
+    if (!OidIsValid(proc)) proc = FindDefaultConversionProc(enc, PG_UTF8);
     if (!OidIsValid(proc)) return nullptr;
     Size room = *len * MAX_CONVERSION_GROWTH + 1;
     auto *out = static_cast<unsigned char *>(palloc(room));
