@@ -25,6 +25,13 @@ int outbox_inbox_handler_timeout_ms = 60 * 1000;
 int outbox_workers = 1;
 int outbox_max_attempts = 10;
 bool outbox_synchronous_commit = true;
+// lz4 where the server has it: cheap on the worker's CPU.
+#ifdef USE_LZ4
+#define OUTBOX_DEFAULT_WAL_COMPRESSION OUTBOX_WAL_COMPRESSION_LZ4
+#else
+#define OUTBOX_DEFAULT_WAL_COMPRESSION OUTBOX_WAL_COMPRESSION_SERVER
+#endif
+int outbox_wal_compression = OUTBOX_DEFAULT_WAL_COMPRESSION;
 int outbox_retention_s = 7 * 24 * 3600;
 int outbox_max_message_bytes = 1024 * 1024;
 char *outbox_default_headers = nullptr;
@@ -37,6 +44,21 @@ int outbox_inbox_workers = 1;
 bool outbox_preloaded = false;
 
 namespace {
+
+// Only the methods this server was built with, as Postgres' own
+// wal_compression lists them: a worker must never set one it lacks.
+const struct config_enum_entry kWalCompressionOptions[] = {
+    {"server", OUTBOX_WAL_COMPRESSION_SERVER, false},
+    {"off", OUTBOX_WAL_COMPRESSION_OFF, false},
+    {"pglz", OUTBOX_WAL_COMPRESSION_PGLZ, false},
+#ifdef USE_LZ4
+    {"lz4", OUTBOX_WAL_COMPRESSION_LZ4, false},
+#endif
+#ifdef USE_ZSTD
+    {"zstd", OUTBOX_WAL_COMPRESSION_ZSTD, false},
+#endif
+    {nullptr, 0, false},
+};
 
 // The check hooks call pure C++ that reports by value; its text is copied
 // into a static buffer before anything Postgres runs (GUC_check_errdetail
@@ -185,6 +207,16 @@ void outbox_define_gucs(void) {
         "losses).",
         &outbox_synchronous_commit, true, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
+    DefineCustomEnumVariable(
+        "outbox.wal_compression",
+        "How the workers' own writes compress full-page images in the WAL: server follows "
+        "wal_compression.",
+        "A mark is the first change to a page since the last checkpoint once per page of a "
+        "backlog older than that checkpoint, and writes the whole page into the WAL; compressing "
+        "those images keeps a large backlog's drain near the speed of a small one.",
+        &outbox_wal_compression, OUTBOX_DEFAULT_WAL_COMPRESSION, kWalCompressionOptions, PGC_SIGHUP, 0,
+        nullptr, nullptr, nullptr);
+
     DefineCustomIntVariable(
         "outbox.retention",
         "Published messages, expired processed events and processed inbox rows older than "
@@ -225,4 +257,11 @@ void outbox_define_gucs(void) {
                             nullptr);
 
     MarkGUCPrefixReserved("outbox");
+}
+
+const char *outbox_wal_compression_value(void) {
+    for (const config_enum_entry *e = kWalCompressionOptions; e->name; e++)
+        if (e->val == outbox_wal_compression && e->val != OUTBOX_WAL_COMPRESSION_SERVER)
+            return e->name;
+    return nullptr;
 }

@@ -75,6 +75,12 @@ void pin_session_settings() {
         SetConfigOption(p.name, p.value, PGC_SUSET, PGC_S_SESSION);
 }
 
+// outbox.wal_compression, for this worker's own session only; at start
+// and after each reload ("server": the server's wal_compression again).
+void apply_wal_compression() {
+    SetConfigOption("wal_compression", outbox_wal_compression_value(), PGC_SUSET, PGC_S_SESSION);
+}
+
 int parse_version(const char *v) {
     int major = 0, minor = 0;
     if (sscanf(v, "%d.%d", &major, &minor) < 1) return 0;
@@ -293,6 +299,7 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     user_search_path = MemoryContextStrdup(
         TopMemoryContext, GetConfigOption("search_path", false, false));
     pin_session_settings();
+    apply_wal_compression();
     char appname[64];
     snprintf(appname, sizeof appname, "pg outbox %s", kind->name);
     pgstat_report_appname(appname);
@@ -334,6 +341,7 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
         if (ConfigReloadPending) {
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
+            apply_wal_compression();
             if (kind->reload) kind->reload(w);
         }
         MemoryContextReset(w->turn_context);

@@ -16,6 +16,7 @@ extern int outbox_linger_ms;
 extern int outbox_workers;
 extern int outbox_max_attempts;
 extern bool outbox_synchronous_commit;
+extern int outbox_wal_compression;
 extern int outbox_retention_s;
 extern int outbox_max_message_bytes;
 extern char *outbox_default_headers;
@@ -24,6 +25,20 @@ extern char *outbox_inbox_topics;
 extern char *outbox_inbox_group;
 extern int outbox_inbox_workers;
 }
+
+// outbox.wal_compression: "server", or a method of the server's
+// wal_compression for the workers' own sessions.
+enum OutboxWalCompression {
+    OUTBOX_WAL_COMPRESSION_SERVER = -1,
+    OUTBOX_WAL_COMPRESSION_OFF,
+    OUTBOX_WAL_COMPRESSION_PGLZ,
+    OUTBOX_WAL_COMPRESSION_LZ4,
+    OUTBOX_WAL_COMPRESSION_ZSTD,
+};
+
+// The wal_compression value outbox.wal_compression stands for; nullptr
+// for "server" (the server's own setting applies).
+const char *outbox_wal_compression_value(void);
 
 // True in every process of a server started with shared_preload_libraries
 // = 'outbox' (set by _PG_init in the postmaster, inherited by its children).

@@ -8,7 +8,10 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Collector, PgCluster, TestBroker, committed_messages, wait_until  # noqa: E402
+import subprocess  # noqa: E402
+
+from harness import (PG_BIN, Collector, PgCluster, TestBroker, as_postgres,  # noqa: E402
+                     committed_messages, wait_until)
 
 SECRET = "payload-marker-7f3a9c"  # must never reach the server log
 
@@ -185,6 +188,47 @@ class Operations(unittest.TestCase):
         finally:
             self.pg.sql("ALTER SYSTEM RESET outbox.batch_size")
             self.pg.reload()
+
+    def marks_full_page_images(self, setting):
+        """Writes 2,000 messages with the relay idle, checkpoints, lets the
+        relay mark them under outbox.wal_compression = setting, and returns
+        the full-page images of the marks' heap records, as pg_waldump
+        prints them."""
+        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+        self.pg.sql(f"ALTER SYSTEM SET outbox.wal_compression = '{setting}'")
+        self.pg.reload()
+        time.sleep(1)
+        try:
+            self.pg.sql("SELECT outbox.write('order.events', 'fpi-' || i, "
+                        "jsonb_build_object('i', i, 'pad', repeat('x', 200))) "
+                        "FROM generate_series(1, 2000) i")
+            self.pg.sql("CHECKPOINT")  # so that each mark is its page's first change since
+            start = self.pg.scalar("SELECT pg_current_wal_insert_lsn()::text")
+        finally:
+            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
+            self.pg.reload()
+        wait_until(lambda: self.pending() == 0, 30, what="2,000 messages published")
+        self.pg.sql("ALTER SYSTEM RESET outbox.wal_compression")
+        self.pg.reload()
+        end = self.pg.scalar("SELECT pg_current_wal_insert_lsn()::text")
+        self.pg.sql("SELECT pg_switch_wal()")
+        out = subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_waldump"), "-p",
+                                          os.path.join(self.pg.data, "pg_wal"), "-s", start, "-e",
+                                          end, "-r", "Heap", "--bkp-details"]),
+                             capture_output=True, text=True)
+        self.assertIn("UPDATE", out.stdout, out.stderr)
+        return [line for line in out.stdout.splitlines() if "FPW" in line]
+
+    def test_the_relays_full_page_images_are_compressed_as_set(self):
+        # The server's wal_compression is off here: "server" writes them
+        # whole, the default (lz4) compresses them.
+        self.assertEqual(self.pg.scalar("SHOW wal_compression"), "off")
+        whole = self.marks_full_page_images("server")
+        self.assertTrue(whole, "marks after a checkpoint write full-page images")
+        self.assertFalse([f for f in whole if "method:" in f], whole[:3])
+        lz4 = self.marks_full_page_images("lz4")
+        self.assertTrue(lz4)
+        self.assertTrue(all("method: lz4" in f for f in lz4), lz4[:3])
 
     def test_drop_extension_leaves_the_relay_idle_not_crashing(self):
         pid = self.pg.relay_pids("app2")[0]
