@@ -527,6 +527,7 @@ def backlog_run(pg, n, chunk=1000000):
     pid = relay_pid(pg)
     before = rss_kb(pid)
     peak = before
+    wal0 = pg.scalar("SELECT wal_bytes FROM pg_stat_wal")
     pg.sql("ALTER SYSTEM RESET outbox.brokers")
     t0 = time.time()
     pg.reload()
@@ -535,10 +536,11 @@ def backlog_run(pg, n, chunk=1000000):
         peak = max(peak, rss_kb(pid))
         time.sleep(0.5)
     watch.close()
+    wal = float(pg.scalar("SELECT wal_bytes FROM pg_stat_wal") - wal0)
     last = pg.scalar("SELECT extract(epoch FROM max(published_at)) FROM outbox.outbox_message")
     rate = n / (float(last) - t0)
     pg.sql("TRUNCATE outbox.outbox_message")
-    return rate, before, peak
+    return rate, before, peak, wal / n
 
 
 # ---- inbox: set-based handlers, a slow topic beside a fast one ---------------
@@ -640,6 +642,8 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a server setting for the benchmark's cluster (repeatable), e.g. "
                          "--set shared_buffers=6GB")
+    ap.add_argument("--fillfactor", type=int, default=None,
+                    help="outbox_message's fillfactor instead of the schema's (50)")
     ap.add_argument("--only", default=",".join(SCENARIOS),
                     help="comma-separated scenarios: " + ", ".join(SCENARIOS))
     args = ap.parse_args()
@@ -668,9 +672,14 @@ def main():
     try:
         pg.start()
         pg.sql("CREATE EXTENSION outbox")
+        if args.fillfactor:
+            pg.sql(f"ALTER TABLE outbox.outbox_message SET (fillfactor = {args.fillfactor:d})")
         pg.sql(WRITE_SCHEMA)
         pg.sql("CREATE DATABASE ceiling")
         pg.sql("CREATE EXTENSION outbox", dbname="ceiling")
+        if args.fillfactor:
+            pg.sql(f"ALTER TABLE outbox.outbox_message SET (fillfactor = {args.fillfactor:d})",
+                   dbname="ceiling")
         pg.sql("SELECT 1 FROM outbox.write('warmup', 'k', '{}')")  # producer connected
         wait_until(lambda: pending(pg) == 0, 30, what="warm-up")
 
@@ -781,12 +790,13 @@ def main():
             # before (the first drain of a cluster is often the slowest).
             smalls = [drain_once(pg, drain_n)[0] for _ in range(3)]
             small_rate = med(smalls)
-            rate, before, peak = backlog_run(pg, big)
+            rate, before, peak, wal_per_msg = backlog_run(pg, big)
             results["backlog"] = {"n": big, "rate": rate, "small_rates": smalls,
-                                  "rss_kb": [before, peak]}
+                                  "rss_kb": [before, peak], "wal_bytes_per_message": wal_per_msg}
             lines.append(f"| backlog of {big:,}: drain rate (vs {drain_n:,} just before) | "
                          f"{rate:,.0f} msg/s (vs {fmt_range(smalls)}) | {rate / small_rate:.0%}; "
-                         f"target >= 90%; RSS {before / 1024:.1f} -> {peak / 1024:.1f} MB |")
+                         f"target >= 90%; RSS {before / 1024:.1f} -> {peak / 1024:.1f} MB; "
+                         f"WAL {wal_per_msg:,.0f} B/msg |")
 
         if "inbox" in only:
             print(f"inbox: {runs} bursts of {drain_n:,} records ...", flush=True)

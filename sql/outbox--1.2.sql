@@ -56,6 +56,14 @@ ALTER TABLE outbox.outbox_message SET (autovacuum_vacuum_scale_factor = 0.01,
                                        autovacuum_vacuum_insert_scale_factor = 0.01,
                                        autovacuum_analyze_scale_factor = 0.02);
 
+-- Each row is updated once, by its mark (published_at).  The partial index
+-- on published_at makes that update non-HOT, but with half of each page
+-- kept free the new version stays on its page: the mark's WAL record then
+-- holds only the bytes that changed (86 bytes against 375 for the
+-- benchmark's rows), needs no lock record before it, and the mark never
+-- extends the table.
+ALTER TABLE outbox.outbox_message SET (fillfactor = 50);
+
 -- Consumer-side deduplication (outbox.mark_processed).
 CREATE TABLE outbox.processed_event (
     event_id      text        PRIMARY KEY,

@@ -230,6 +230,31 @@ class Operations(unittest.TestCase):
         self.assertTrue(lz4)
         self.assertTrue(all("method: lz4" in f for f in lz4), lz4[:3])
 
+    def test_a_mark_keeps_its_row_on_its_page(self):
+        # The table keeps room on each page for its rows' marks, so that a
+        # mark logs only what changed and never extends the table.
+        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+        self.pg.reload()
+        time.sleep(1)
+        try:
+            ids = [r[0] for r in self.pg.sql(
+                "SELECT outbox.write('order.events', 'page-' || i, "
+                "jsonb_build_object('i', i, 'pad', repeat('y', 200)))::text "
+                "FROM generate_series(1, 3000) i")]
+            before = dict(self.pg.sql("SELECT message_id::text, (ctid::text::point)[0] "
+                                      "FROM outbox.outbox_message WHERE message_id::text = ANY(%s)",
+                                      (ids,)))
+        finally:
+            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
+            self.pg.reload()
+        wait_until(lambda: self.pending() == 0, 30, what="3,000 messages published")
+        after = dict(self.pg.sql("SELECT message_id::text, (ctid::text::point)[0] "
+                                 "FROM outbox.outbox_message WHERE message_id::text = ANY(%s)",
+                                 (ids,)))
+        self.assertEqual(len(after), 3000)
+        moved = sum(1 for k in ids if after[k] != before[k])
+        self.assertLess(moved, 3000 * 0.1, f"{moved} of 3,000 marks moved their row to another page")
+
     def test_drop_extension_leaves_the_relay_idle_not_crashing(self):
         pid = self.pg.relay_pids("app2")[0]
         self.pg.sql("DROP EXTENSION outbox", dbname="app2")
