@@ -59,6 +59,14 @@ extern "C" {
 namespace {
 
 using outbox::policy::kMaxHandlerBatch;
+
+// The worker's own statements (claims, marks) read a topic through its
+// index, in order, whatever the statistics say: with these off, the one
+// plan left is that walk (test/sql/plans.sql).  Each handler call gets its
+// database's values back.
+const char *const kOwnPlanSettings[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort",
+                                        "enable_incremental_sort"};
+
 using outbox::policy::kTopicSliceMs;
 constexpr int kMaxTopics = 256;  // topics whose pace is remembered
 
@@ -122,6 +130,11 @@ void call_handler(void *arg) {
     int nest = NewGUCNestLevel();
     (void) set_config_option("search_path", outbox_worker_user_search_path(), PGC_USERSET,
                              PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+    // The handler plans with what a session of its database gets, not with
+    // the worker's own planner settings.
+    for (const char *name : kOwnPlanSettings)
+        (void) set_config_option(name, GetConfigOptionResetString(name), PGC_USERSET,
+                                 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
     SetUserIdAndSecContext(c->sub->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
                                               SECURITY_RESTRICTED_OPERATION);
     // Postgres' own statement timeout, armed by hand (a worker runs no
@@ -147,8 +160,8 @@ void call_handler(void *arg) {
 
 // call_handler in a subtransaction; false with the error when it raised.
 // The handler's timeout never outlives the call, whichever way it ended.
-bool run_handler(HandlerCall *call, char **error) {
-    bool ok = outbox_worker_subtransaction(call_handler, call, error);
+bool run_handler(HandlerCall *call, char **error, int *sqlerrcode) {
+    bool ok = outbox_worker_subtransaction(call_handler, call, error, sqlerrcode);
     if (get_timeout_active(STATEMENT_TIMEOUT)) disable_timeout(STATEMENT_TIMEOUT, false);
     if (get_timeout_indicator(STATEMENT_TIMEOUT, true)) QueryCancelPending = false;
     return ok;
@@ -165,19 +178,32 @@ struct TopicCounts {
     uint64 handled = 0, failed = 0, parked = 0;
 };
 
-void record_failure(OutboxWorker *w, const OutboxInboxClaim &r, const char *topic,
-                    const char *error, TopicCounts *counts) {
+// A handler's error text is the user's and may quote the record (RAISE
+// ... %, a constraint's "Key (card)=(...)"): it is kept in the record's
+// row, which only the record's readers may select.  The log and
+// outbox.worker_stats (pg_monitor, every database) name the handler, the
+// SQLSTATE and the topic instead.
+void record_failure(OutboxWorker *w, const OutboxInboxClaim &r, const OutboxSubscription &sub,
+                    const char *error, int sqlerrcode, TopicCounts *counts) {
     counts->failed++;
+    const char *handler = format_procedure(sub.handler);
+    const char *code = unpack_sql_state(sqlerrcode);
     if (outbox_inbox_failed(r.event_id, error, outbox_max_attempts)) {
         counts->parked++;
         ereport(WARNING,
                 (errmsg("%s: parked inbox message %s (topic \"%s\") after %d failed handler calls",
-                        w->label, DatumGetCString(DirectFunctionCall1(uuid_out, r.event_id)), topic,
-                        outbox_max_attempts),
-                 errdetail("Last error: %s", error),
-                 errhint("See outbox.inbox_parked; outbox.inbox_retry(event_id) puts it back.")));
+                        w->label, DatumGetCString(DirectFunctionCall1(uuid_out, r.event_id)),
+                        sub.topic, outbox_max_attempts),
+                 errdetail("The last call of %s failed with SQLSTATE %s.", handler, code),
+                 errhint("outbox.inbox_parked has its error text; outbox.inbox_retry(event_id) "
+                         "puts it back.")));
     }
-    outbox_stats_error(error);
+    char text[512];
+    snprintf(text, sizeof text,
+             "handler %s failed with SQLSTATE %s on a record of topic \"%s\" (its error text "
+             "is in outbox.inbox_message.last_error)",
+             handler, code, sub.topic);
+    outbox_stats_error(text);
 }
 
 // Handles records one at a time, each in its own subtransaction; a key
@@ -194,12 +220,13 @@ void handle_one_by_one(OutboxWorker *w, const OutboxSubscription &sub, OutboxInb
         if (r.key && key_in(r.key, failed_keys, nfailed)) continue;
         HandlerCall call{&sub, sub.batch ? rows_array(&r, 1) : r.row, &r.event_id, 1};
         char *error = nullptr;
-        if (run_handler(&call, &error)) {
+        int sqlerrcode = 0;
+        if (run_handler(&call, &error, &sqlerrcode)) {
             counts->handled++;
             continue;
         }
         if (r.key) failed_keys[nfailed++] = r.key;
-        record_failure(w, r, sub.topic, error, counts);
+        record_failure(w, r, sub, error, sqlerrcode, counts);
     }
 }
 
@@ -224,12 +251,13 @@ int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
         for (int i = 0; i < claimed; i++) ids[i] = rows[i].event_id;
         HandlerCall call{&sub, rows_array(rows, claimed), ids, claimed};
         char *error = nullptr;
-        if (run_handler(&call, &error)) {
+        int sqlerrcode = 0;
+        if (run_handler(&call, &error, &sqlerrcode)) {
             counts.handled = static_cast<uint64>(claimed);
         } else {
-            ereport(DEBUG1, (errmsg("%s: a batch of %d records of \"%s\" failed (%s); handling "
-                                    "them one by one",
-                                    w->label, claimed, sub.topic, error)));
+            ereport(DEBUG1, (errmsg("%s: a batch of %d records of \"%s\" failed (SQLSTATE %s); "
+                                    "handling them one by one",
+                                    w->label, claimed, sub.topic, unpack_sql_state(sqlerrcode))));
             handle_one_by_one(w, sub, rows, claimed, TimestampTzPlusMilliseconds(deadline, kTopicSliceMs),
                               &counts);
         }
@@ -268,6 +296,8 @@ int read_subscriptions(OutboxWorker *w, OutboxSubscription **subs, TimestampTz *
 
 void handler_start(OutboxWorker *w) {
     w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(HandlerState));
+    for (const char *name : kOwnPlanSettings)
+        SetConfigOption(name, "off", PGC_SUSET, PGC_S_SESSION);
 }
 
 long handler_turn(OutboxWorker *w) {

@@ -240,7 +240,8 @@ bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Prop
     return ok;
 }
 
-bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error) {
+bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
+                                  int *sqlerrcode) {
     MemoryContext cxt = CurrentMemoryContext;
     ResourceOwner owner = CurrentResourceOwner;
     volatile bool ok = true;
@@ -264,6 +265,7 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error) {
         MemoryContextSwitchTo(cxt);
         CurrentResourceOwner = owner;
         *error = pstrdup(edata->message);
+        if (sqlerrcode) *sqlerrcode = edata->sqlerrcode;
         FreeErrorData(edata);
         ok = false;
     }

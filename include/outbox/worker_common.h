@@ -109,8 +109,10 @@ bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Prop
 
 // Runs fn(arg) in a subtransaction of the current transaction (with SPI
 // connected).  On an ERROR only the subtransaction is rolled back: returns
-// false with the error's message, palloc'd, in *error.
-bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error);
+// false with the error's message, palloc'd, in *error, and its SQLSTATE in
+// *sqlerrcode (when given).
+bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
+                                  int *sqlerrcode = nullptr);
 
 // The search_path a session of this database starts with (its ALTER
 // DATABASE setting, else postgresql.conf's): what user code (handlers) runs

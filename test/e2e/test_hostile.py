@@ -296,6 +296,42 @@ class Hostile(unittest.TestCase):
             self.assertNotIn(SECRET, text)
         self.assertIn("sasl.pasword", self.pg.log(), "the refused property is named")
 
+    def test_a_pg_monitor_member_reads_no_record_data_in_the_workers_errors(self):
+        # A handler fails on a record and its error quotes the record, as
+        # constraint violations and RAISE ... % do.  worker_stats (pg_monitor,
+        # all databases) says which handler failed, how, on which topic and
+        # where the text is; the text itself stays in the inbox table, which
+        # only the record's readers may select.
+        self.start()
+        self.pg.sql("""
+            CREATE EXTENSION outbox;
+            CREATE ROLE monitor LOGIN IN ROLE pg_monitor;
+            CREATE FUNCTION picky(m outbox.inbox_message) RETURNS void LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'card % refused', m.payload->>'card' USING ERRCODE = '22023';
+            END $$;
+            SELECT outbox.inbox_subscribe('payments.events', 'picky(outbox.inbox_message)');
+        """)
+        card = "4111-1111-1111-1111"
+        eid = self.produce(TOPIC, [{"card": card}])[0]
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_parked "
+                                       "WHERE event_id = %s", eid), 60, what="the record parked")
+        self.assertIn(card, self.scalar("SELECT last_error FROM outbox.inbox_message "
+                                        "WHERE event_id = %s", eid), "the table keeps the text")
+        conn = self.pg.connect()
+        with conn.cursor() as cur:
+            cur.execute("SET ROLE monitor")
+            cur.execute("SELECT last_error FROM outbox.worker_stats WHERE role = 'inbox handler'")
+            seen = cur.fetchone()[0]
+            cur.execute("SELECT last_error FROM outbox.stats")
+            seen_stats = cur.fetchone()[0]
+        conn.close()
+        for text in (seen, seen_stats):
+            self.assertNotIn(card, text)
+            self.assertIn("picky", text)
+            self.assertIn("22023", text)
+            self.assertIn(TOPIC, text)
+
     def test_a_secrets_file_others_can_read_is_refused(self):
         secrets = tempfile.NamedTemporaryFile("w", delete=False, prefix="outbox-secrets-")
         secrets.write(f"sasl.password={SECRET}\n")

@@ -28,9 +28,26 @@ PREPARE retention_inbox(timestamptz, int, timestamptz) AS DELETE FROM outbox.inb
 EXPLAIN (COSTS OFF) EXECUTE retention_inbox(now(), 1000, '-infinity');
 PREPARE straggler(bigint) AS SELECT id FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 ORDER BY id LIMIT 1;
 EXPLAIN (COSTS OFF) EXECUTE straggler(100);
+-- The inbox handler's statements also run with sorts off (its claim has
+-- one right plan: the topic's index, in order).
+SET enable_sort = off;
+SET enable_incremental_sort = off;
 PREPARE inbox_claim(int, text, int, int, text[]) AS SELECT m, m.event_id, m.key FROM outbox.inbox_message m WHERE NOT m.processed AND m.topic = $2 AND m.parked_at IS NULL AND (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND (pg_catalog.hashtext(coalesce(m.key, m.event_id::text)) & 2147483647) % $3 = $4 AND (m.key IS NULL OR m.key <> ALL($5)) ORDER BY m.received_at, m.seq LIMIT $1 FOR UPDATE SKIP LOCKED;
 EXPLAIN (COSTS OFF) EXECUTE inbox_claim(100, 'payments', 1, 0, '{}');
+-- The same claim on a table that holds a burst of one topic: 100,000
+-- records stored by batches of 5,000 (one received_at each), analysed.
+-- The claim must still walk the topic's index in order, not sort a batch
+-- (an incremental sort on received_at) or the whole topic per claim.
+INSERT INTO outbox.inbox_message (event_id, received_at, topic, key, payload)
+SELECT gen_random_uuid(), '2026-01-01'::timestamptz + (i / 5000) * interval '1 second',
+       'payments', 'k' || (i % 1000), jsonb_build_object('id', i, 'pad', repeat('x', 175))
+  FROM generate_series(1, 100000) AS i;
+ANALYZE outbox.inbox_message;
+EXPLAIN (COSTS OFF) EXECUTE inbox_claim(100, 'payments', 1, 0, '{}');
+TRUNCATE outbox.inbox_message;
 PREPARE inbox_done(uuid[]) AS UPDATE outbox.inbox_message SET processed = true, processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL WHERE event_id = ANY($1);
 EXPLAIN (COSTS OFF) EXECUTE inbox_done('{00000000-0000-7000-8000-000000000001}');
+RESET enable_sort;
+RESET enable_incremental_sort;
 RESET search_path;
 DROP EXTENSION outbox;

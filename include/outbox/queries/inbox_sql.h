@@ -79,6 +79,11 @@ inline constexpr const char kRetryingKeys[] =
 // this worker's share ($4 of $3: by key, so a key's records stay with one
 // worker; a record without a key by its event id), skipping parked ones,
 // ones waiting for a retry, and keys with an earlier record waiting ($5).
+// Its one right plan walks ix_inbox_message_unprocessed_topic in order;
+// the handler worker runs its own statements with sorts off, because a
+// generic plan otherwise walks the received_at index and sorts each
+// batch's records (they share one received_at) on every claim: a few
+// records a second on a burst of one topic (test/sql/plans.sql).
 inline constexpr const char kClaim[] =
     "SELECT m, m.event_id, m.key FROM outbox.inbox_message m"
     " WHERE NOT m.processed AND m.topic = $2 AND m.parked_at IS NULL"
