@@ -214,8 +214,8 @@ void outbox_define_gucs(void) {
         "A mark is the first change to a page since the last checkpoint once per page of a "
         "backlog older than that checkpoint, and writes the whole page into the WAL; compressing "
         "those images keeps a large backlog's drain near the speed of a small one.",
-        &outbox_wal_compression, OUTBOX_DEFAULT_WAL_COMPRESSION, kWalCompressionOptions, PGC_SIGHUP, 0,
-        nullptr, nullptr, nullptr);
+        &outbox_wal_compression, OUTBOX_DEFAULT_WAL_COMPRESSION, kWalCompressionOptions,
+        PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 
     DefineCustomIntVariable(
         "outbox.retention",
