@@ -59,6 +59,8 @@ extern "C" {
 namespace {
 
 using outbox::policy::kMaxHandlerBatch;
+using outbox::policy::kTopicSliceMs;
+constexpr int kMaxTopics = 256;  // topics whose pace is remembered
 
 // The worker's own statements (claims, marks) read a topic through its
 // index, in order, whatever the statistics say: with these off, the one
@@ -66,9 +68,6 @@ using outbox::policy::kMaxHandlerBatch;
 // database's values back.
 const char *const kOwnPlanSettings[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort",
                                         "enable_incremental_sort"};
-
-using outbox::policy::kTopicSliceMs;
-constexpr int kMaxTopics = 256;  // topics whose pace is remembered
 
 struct TopicPace {
     Oid handler;
