@@ -23,6 +23,9 @@ ALTER TABLE outbox.outbox_message
 -- Room on each page for its rows' marks (outbox--1.2.sql says why); pages
 -- written from now on.
 ALTER TABLE outbox.outbox_message SET (fillfactor = 50);
+-- And in the two btree indexes a mark adds an entry to, for its own entries.
+ALTER INDEX outbox.outbox_message_pkey SET (fillfactor = 50);
+ALTER INDEX outbox.outbox_message_message_id_key SET (fillfactor = 50);
 
 -- outbox.replay() finds a window of created_at through this (a few pages
 -- for millions of rows; rows are written in time order).

@@ -255,6 +255,35 @@ class Operations(unittest.TestCase):
         moved = sum(1 for k in ids if after[k] != before[k])
         self.assertLess(moved, 3000 * 0.1, f"{moved} of 3,000 marks moved their row to another page")
 
+    def test_marks_do_not_split_the_indexes(self):
+        # A mark adds an entry for the row's new version to the primary key
+        # and to the message_id index.  Their pages keep room for it, so
+        # marking a backlog does not split them: the indexes stay the size
+        # the writes made them.
+        indexes = ("outbox.outbox_message_pkey", "outbox.outbox_message_message_id_key")
+
+        def pages():
+            return [self.pg.scalar("SELECT pg_relation_size(%s::regclass) / 8192", (ix,))
+                    for ix in indexes]
+
+        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+        self.pg.reload()
+        time.sleep(1)
+        try:
+            empty = pages()
+            self.pg.sql("SELECT outbox.write('order.events', 'split-' || i, '{}') "
+                        "FROM generate_series(1, 5000) i")
+            written = pages()
+        finally:
+            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
+            self.pg.reload()
+        wait_until(lambda: self.pending() == 0, 30, what="5,000 messages published")
+        published = pages()
+        for ix, e, w, p in zip(indexes, empty, written, published):
+            self.assertGreater(w - e, 5, f"{ix}: the writes took pages")
+            self.assertLess(p - w, (w - e) * 0.25,
+                            f"{ix}: {w - e} pages for 5,000 writes, {p - w} more for their marks")
+
     def test_drop_extension_leaves_the_relay_idle_not_crashing(self):
         pid = self.pg.relay_pids("app2")[0]
         self.pg.sql("DROP EXTENSION outbox", dbname="app2")
