@@ -68,8 +68,8 @@ ALTER TABLE outbox.outbox_message SET (fillfactor = 50);
 -- version: the primary key and message_id (both fillfactor = 50, above).
 -- Their leaf pages fill at the right edge as messages are written; kept half
 -- full there, each page has room for the marks' entries of its own rows, so
--- a mark does not split it (the split, its WAL and a new page for every few
--- hundred marks; the index would end twice as big).  Writers split twice as
+-- a mark does not split it (at 90%, every leaf page split once: a new page
+-- and its WAL for every few hundred marks).  Writers split twice as
 -- often, at the right edge, where a split is cheap.
 
 -- Consumer-side deduplication (outbox.mark_processed).
