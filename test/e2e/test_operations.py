@@ -6,6 +6,7 @@ import os
 import sys
 import time
 import unittest
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import subprocess  # noqa: E402
@@ -189,24 +190,30 @@ class Operations(unittest.TestCase):
             self.pg.sql("ALTER SYSTEM RESET outbox.batch_size")
             self.pg.reload()
 
+    @contextmanager
+    def relay_idle(self):
+        """The relay publishes nothing inside (no brokers), all of it after."""
+        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
+        self.pg.reload()
+        time.sleep(1)
+        try:
+            yield
+        finally:
+            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
+            self.pg.reload()
+
     def marks_full_page_images(self, setting):
         """Writes 2,000 messages with the relay idle, checkpoints, lets the
         relay mark them under outbox.wal_compression = setting, and returns
         the full-page images of the marks' heap records, as pg_waldump
         prints them."""
-        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
         self.pg.sql(f"ALTER SYSTEM SET outbox.wal_compression = '{setting}'")
-        self.pg.reload()
-        time.sleep(1)
-        try:
+        with self.relay_idle():
             self.pg.sql("SELECT outbox.write('order.events', 'fpi-' || i, "
                         "jsonb_build_object('i', i, 'pad', repeat('x', 200))) "
                         "FROM generate_series(1, 2000) i")
             self.pg.sql("CHECKPOINT")  # so that each mark is its page's first change since
             start = self.pg.scalar("SELECT pg_current_wal_insert_lsn()::text")
-        finally:
-            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
-            self.pg.reload()
         wait_until(lambda: self.pending() == 0, 30, what="2,000 messages published")
         self.pg.sql("ALTER SYSTEM RESET outbox.wal_compression")
         self.pg.reload()
@@ -233,10 +240,7 @@ class Operations(unittest.TestCase):
     def test_a_mark_keeps_its_row_on_its_page(self):
         # The table keeps room on each page for its rows' marks, so that a
         # mark logs only what changed and never extends the table.
-        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
-        self.pg.reload()
-        time.sleep(1)
-        try:
+        with self.relay_idle():
             ids = [r[0] for r in self.pg.sql(
                 "SELECT outbox.write('order.events', 'page-' || i, "
                 "jsonb_build_object('i', i, 'pad', repeat('y', 200)))::text "
@@ -244,9 +248,6 @@ class Operations(unittest.TestCase):
             before = dict(self.pg.sql("SELECT message_id::text, (ctid::text::point)[0] "
                                       "FROM outbox.outbox_message WHERE message_id::text = ANY(%s)",
                                       (ids,)))
-        finally:
-            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
-            self.pg.reload()
         wait_until(lambda: self.pending() == 0, 30, what="3,000 messages published")
         after = dict(self.pg.sql("SELECT message_id::text, (ctid::text::point)[0] "
                                  "FROM outbox.outbox_message WHERE message_id::text = ANY(%s)",
@@ -266,17 +267,11 @@ class Operations(unittest.TestCase):
             return [self.pg.scalar("SELECT pg_relation_size(%s::regclass) / 8192", (ix,))
                     for ix in indexes]
 
-        self.pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
-        self.pg.reload()
-        time.sleep(1)
-        try:
+        with self.relay_idle():
             empty = pages()
             self.pg.sql("SELECT outbox.write('order.events', 'split-' || i, '{}') "
                         "FROM generate_series(1, 5000) i")
             written = pages()
-        finally:
-            self.pg.sql("ALTER SYSTEM RESET outbox.brokers")
-            self.pg.reload()
         wait_until(lambda: self.pending() == 0, 30, what="5,000 messages published")
         published = pages()
         for ix, e, w, p in zip(indexes, empty, written, published):
