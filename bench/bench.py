@@ -514,8 +514,9 @@ def server_settings(pairs):
 
 def backlog_run(pg, n, chunk=1000000):
     """A backlog of n messages committed at once (written in chunks of one
-    transaction each, with the relay stopped), drained: the rate and the
-    relay's memory (the largest of the relay workers')."""
+    transaction each, with the relay stopped), drained: the rate, the
+    relay's memory (the largest of the relay workers'), WAL per message and
+    the relay workers' CPU per message (microseconds)."""
     pg.sql("TRUNCATE outbox.outbox_message")
     pg.sql("ALTER SYSTEM SET outbox.brokers = ''")
     pg.reload()
@@ -531,6 +532,7 @@ def backlog_run(pg, n, chunk=1000000):
     before = max(rss_kb(p) for p in pids)
     peak = before
     wal0 = pg.scalar("SELECT wal_bytes FROM pg_stat_wal")
+    cpu0 = sum(relay_cpu_s(p) for p in pids)
     pg.sql("ALTER SYSTEM RESET outbox.brokers")
     t0 = time.time()
     pg.reload()
@@ -539,27 +541,52 @@ def backlog_run(pg, n, chunk=1000000):
         peak = max([peak] + [rss_kb(p) for p in pids])
         time.sleep(0.5)
     watch.close()
+    cpu = sum(relay_cpu_s(p) for p in pids) - cpu0
     wal = float(pg.scalar("SELECT wal_bytes FROM pg_stat_wal") - wal0)
     last = pg.scalar("SELECT extract(epoch FROM max(published_at)) FROM outbox.outbox_message")
     rate = n / (float(last) - t0)
     pg.sql("TRUNCATE outbox.outbox_message")
-    return rate, before, peak, wal / n
+    return rate, before, peak, wal / n, cpu / n * 1e6
 
 
 def backlog_line(pg, results, name, drain_n, big, label):
     """The backlog scenario: one drain of big, bracketed by three drains of
     drain_n just before and three just after; the comparison is with the
     median of those six, so that the VM's drift during the big drain (it
-    takes minutes) hits both sides alike.  Its line of the table."""
-    before_small = [drain_once(pg, drain_n)[0] for _ in range(3)]
-    rate, before, peak, wal_per_msg = backlog_run(pg, big)
-    smalls = before_small + [drain_once(pg, drain_n)[0] for _ in range(3)]
-    small_rate = med(smalls)
-    results[name] = {"n": big, "rate": rate, "small_rates": smalls, "rss_kb": [before, peak],
-                     "wal_bytes_per_message": wal_per_msg}
-    return (f"| backlog of {big:,}{label}: drain rate (vs six drains of {drain_n:,} around it) | "
-            f"{rate:,.0f} msg/s (vs {fmt_range(smalls)}) | {rate / small_rate:.0%}; "
-            f"target >= 90%; relay RSS {before / 1024:.1f} -> {peak / 1024:.1f} MB; "
+    takes minutes) hits both sides alike.  Between them, two "cold" drains
+    of drain_n before and two after, each built as the big backlog is
+    (written with the relay away, vacuumed, checkpointed): a real backlog
+    is cold, and a cold start costs by itself (each page's first change
+    after a checkpoint goes to WAL whole, and clears its all-visible bit),
+    so their median tells what size costs apart from what a cold start
+    does.  The relay's CPU per message of each kind is printed too: it is
+    what a drain is bound by.  Its line of the table."""
+    pids = pg.relay_pids("postgres")
+    hot, cold, hot_cpu, cold_cpu = [], [], [], []
+
+    def small(cold_start):
+        c0 = sum(relay_cpu_s(p) for p in pids)
+        if cold_start:
+            cold.append(backlog_run(pg, drain_n)[0])
+            cold_cpu.append((sum(relay_cpu_s(p) for p in pids) - c0) / drain_n * 1e6)
+        else:
+            hot.append(drain_once(pg, drain_n)[0])
+            hot_cpu.append((sum(relay_cpu_s(p) for p in pids) - c0) / drain_n * 1e6)
+
+    for cold_start in (False, True, False, True, False):
+        small(cold_start)
+    rate, before, peak, wal_per_msg, cpu = backlog_run(pg, big)
+    for cold_start in (False, True, False, True, False):
+        small(cold_start)
+    results[name] = {"n": big, "rate": rate, "small_rates": hot, "cold_small_rates": cold,
+                     "rss_kb": [before, peak], "wal_bytes_per_message": wal_per_msg,
+                     "relay_cpu_us_per_message": {"big": cpu, "small": hot_cpu,
+                                                  "cold_small": cold_cpu}}
+    return (f"| backlog of {big:,}{label}: drain rate (vs six drains of {drain_n:,} around it; "
+            f"vs four cold-started ones) | {rate:,.0f} msg/s (vs {fmt_range(hot)}; "
+            f"vs {fmt_range(cold)}) | {rate / med(hot):.0%}; target >= 90%; vs cold "
+            f"{rate / med(cold):.0%}; relay CPU {cpu:.1f} us/msg (vs {med(hot_cpu):.1f}; cold "
+            f"{med(cold_cpu):.1f}); relay RSS {before / 1024:.1f} -> {peak / 1024:.1f} MB; "
             f"WAL {wal_per_msg:,.0f} B/msg |")
 
 
@@ -806,15 +833,15 @@ def main():
 
         big = 1000000 if args.quick else 10000000
         if "backlog" in only:
-            print(f"backlog: one drain of {big:,} messages between three of {drain_n:,} before "
-                  f"and three after ...", flush=True)
+            print(f"backlog: one drain of {big:,} messages between five of {drain_n:,} before "
+                  f"and five after (three hot, two cold-started) ...", flush=True)
             lines.append(backlog_line(pg, results, "backlog", drain_n, big, ""))
 
         if "backlog_two_relays" in only:
             # The same comparison with a relay worker per core (outbox.workers
             # needs a restart), then back to the default.
-            print(f"backlog, outbox.workers = 2: one drain of {big:,} between three of "
-                  f"{drain_n:,} before and three after ...", flush=True)
+            print(f"backlog, outbox.workers = 2: one drain of {big:,} between five of "
+                  f"{drain_n:,} before and five after ...", flush=True)
             pg.sql("ALTER SYSTEM SET outbox.workers = 2")
             pg.restart()
             wait_until(lambda: len(pg.relay_pids("postgres")) == 2, 30, what="two relay workers")
