@@ -393,6 +393,11 @@ def relay_cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def relays_cpu_s(pids):
+    """The CPU seconds of several relay workers together."""
+    return sum(relay_cpu_s(p) for p in pids)
+
+
 def snapshot_run(pg, before_s, held_s, after_s, rate):
     """Writers at `rate` msg/s; after before_s a REPEATABLE READ transaction
     takes a snapshot and holds it for held_s (as a pg_dump or a report would).
@@ -532,7 +537,7 @@ def backlog_run(pg, n, chunk=1000000):
     before = max(rss_kb(p) for p in pids)
     peak = before
     wal0 = pg.scalar("SELECT wal_bytes FROM pg_stat_wal")
-    cpu0 = sum(relay_cpu_s(p) for p in pids)
+    cpu0 = relays_cpu_s(pids)
     pg.sql("ALTER SYSTEM RESET outbox.brokers")
     t0 = time.time()
     pg.reload()
@@ -541,7 +546,7 @@ def backlog_run(pg, n, chunk=1000000):
         peak = max([peak] + [rss_kb(p) for p in pids])
         time.sleep(0.5)
     watch.close()
-    cpu = sum(relay_cpu_s(p) for p in pids) - cpu0
+    cpu = relays_cpu_s(pids) - cpu0
     wal = float(pg.scalar("SELECT wal_bytes FROM pg_stat_wal") - wal0)
     last = pg.scalar("SELECT extract(epoch FROM max(published_at)) FROM outbox.outbox_message")
     rate = n / (float(last) - t0)
@@ -565,13 +570,10 @@ def backlog_line(pg, results, name, drain_n, big, label):
     hot, cold, hot_cpu, cold_cpu = [], [], [], []
 
     def small(cold_start):
-        c0 = sum(relay_cpu_s(p) for p in pids)
-        if cold_start:
-            cold.append(backlog_run(pg, drain_n)[0])
-            cold_cpu.append((sum(relay_cpu_s(p) for p in pids) - c0) / drain_n * 1e6)
-        else:
-            hot.append(drain_once(pg, drain_n)[0])
-            hot_cpu.append((sum(relay_cpu_s(p) for p in pids) - c0) / drain_n * 1e6)
+        rates, cpus = (cold, cold_cpu) if cold_start else (hot, hot_cpu)
+        c0 = relays_cpu_s(pids)
+        rates.append((backlog_run if cold_start else drain_once)(pg, drain_n)[0])
+        cpus.append((relays_cpu_s(pids) - c0) / drain_n * 1e6)
 
     for cold_start in (False, True, False, True, False):
         small(cold_start)
