@@ -10,9 +10,9 @@ MODULE_big  = outbox
 SRC_ROOT := $(if $(VPATH),$(VPATH),.)
 SRC_ABS  := $(abspath $(SRC_ROOT))
 
-# The schema: the full script of the current version and the upgrade
-# scripts from each earlier one (sql/).
-DATA = $(patsubst $(SRC_ROOT)/%,%,$(wildcard $(SRC_ROOT)/sql/outbox--*.sql))
+# The schema, beside outbox.control: the full script of the current version
+# and the upgrade scripts from each earlier one.
+DATA = $(patsubst $(SRC_ROOT)/%,%,$(wildcard $(SRC_ROOT)/outbox--*.sql))
 
 SRCS := $(patsubst $(SRC_ROOT)/%,%,$(wildcard $(addprefix $(SRC_ROOT)/,src/*.cpp src/queries/*.cpp \
           src/kafka/*.cpp src/json/*.cpp src/common/*.cpp)))
@@ -26,13 +26,16 @@ PG_CXXFLAGS += -Werror
 endif
 SHLIB_LINK   = -lrdkafka -lstdc++
 
-# pg_regress (test/sql, test/expected): SQL API, errors, privileges,
-# mark_processed semantics, hostile roles, plans, upgrades.
-REGRESS      = api privileges processed_event parking operations inbox hostile plans upgrade
-REGRESS_OPTS = --inputdir=$(SRC_ROOT)/test --temp-instance=tmp_check --temp-config=$(SRC_ABS)/test/regress.conf
-# pg_isolation_regress (test/specs, test/expected): concurrent sessions.
-ISOLATION      = mark_processed_race relay_claim write_heal_lock subscribe_race
-ISOLATION_OPTS = --inputdir=$(SRC_ROOT)/test --temp-instance=tmp_check_iso --temp-config=$(SRC_ABS)/test/regress.conf
+# pg_regress (sql/, expected/): SQL API, errors, privileges, mark_processed
+# semantics, hostile roles, plans, upgrades.  Every sql/*.sql runs: a new
+# test file cannot stay out of the run.  Each test creates and drops what it
+# uses, so their (alphabetical) order does not matter.
+REGRESS      = $(sort $(patsubst $(SRC_ROOT)/sql/%.sql,%,$(wildcard $(SRC_ROOT)/sql/*.sql)))
+REGRESS_OPTS = --inputdir=$(SRC_ROOT) --temp-instance=tmp_check --temp-config=$(SRC_ABS)/test/regress.conf
+# pg_isolation_regress (specs/, expected/): concurrent sessions; every
+# specs/*.spec runs.
+ISOLATION      = $(sort $(patsubst $(SRC_ROOT)/specs/%.spec,%,$(wildcard $(SRC_ROOT)/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=$(SRC_ROOT) --temp-instance=tmp_check_iso --temp-config=$(SRC_ABS)/test/regress.conf
 
 # No JIT bitcode: it needs clang and buys nothing for this module.
 override with_llvm = no

@@ -64,7 +64,7 @@ constexpr int kMaxTopics = 256;  // topics whose pace is remembered
 
 // The worker's own statements (claims, marks) read a topic through its
 // index, in order, whatever the statistics say: with these off, the one
-// plan left is that walk (test/sql/plans.sql).  Each handler call gets its
+// plan left is that walk (sql/plans.sql).  Each handler call gets its
 // database's values back.
 const char *const kOwnPlanSettings[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort",
                                         "enable_incremental_sort"};

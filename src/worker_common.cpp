@@ -57,7 +57,7 @@ const struct {
     {"max_parallel_workers_per_gather", "0"},
     // A JIT compilation in a claim would cost more than the claim.
     {"jit", "off"},
-    // The plans test/sql/plans.sql pins need these; a database default
+    // The plans sql/plans.sql pins need these; a database default
     // (ALTER DATABASE ... SET enable_indexscan = off) must not turn every
     // claim into a scan of the whole table.
     {"enable_indexscan", "on"},

@@ -266,7 +266,7 @@ class Hostile(unittest.TestCase):
                     "outbox.kafka_config": f"'{KAFKA};sasl.pasword=other{SECRET}'"})
         self.pg.sql("CREATE EXTENSION outbox; CREATE ROLE monitor LOGIN IN ROLE pg_monitor")
         # (outbox.kafka_config, where a password used to go, refuses one:
-        # test/sql/hostile.sql.  Not tried here: Postgres itself logs the text
+        # sql/hostile.sql.  Not tried here: Postgres itself logs the text
         # of a statement that fails.)
         self.pg.sql("SELECT outbox.write('order.events', 'small', '{}')")
         self.pg.sql("SELECT outbox.write('order.events', 'large', jsonb_build_object('x', repeat('x', 4000)))")

@@ -21,21 +21,21 @@ std::string read_file(const std::string &path) {
 }  // namespace
 
 TEST(SpecSync, RelayClaimSpecRunsTheRelaysStatements) {
-    std::string spec = read_file(std::string(OUTBOX_SOURCE_DIR) + "/test/specs/relay_claim.spec");
-    ASSERT_FALSE(spec.empty()) << "test/specs/relay_claim.spec not found";
+    std::string spec = read_file(std::string(OUTBOX_SOURCE_DIR) + "/specs/relay_claim.spec");
+    ASSERT_FALSE(spec.empty()) << "specs/relay_claim.spec not found";
     EXPECT_NE(spec.find(outbox::sql::relay::kClaim), std::string::npos)
-        << "test/specs/relay_claim.spec must contain outbox::sql::relay::kClaim verbatim";
+        << "specs/relay_claim.spec must contain outbox::sql::relay::kClaim verbatim";
     EXPECT_NE(spec.find(outbox::sql::relay::kRecordFailures), std::string::npos)
-        << "test/specs/relay_claim.spec must contain outbox::sql::relay::kRecordFailures verbatim";
+        << "specs/relay_claim.spec must contain outbox::sql::relay::kRecordFailures verbatim";
     EXPECT_NE(spec.find(outbox::sql::relay::kMarkPublished), std::string::npos)
-        << "test/specs/relay_claim.spec must contain outbox::sql::relay::kMarkPublished verbatim";
+        << "specs/relay_claim.spec must contain outbox::sql::relay::kMarkPublished verbatim";
 }
 
-// test/sql/plans.sql checks the plan of each worker statement: it must run
+// sql/plans.sql checks the plan of each worker statement: it must run
 // the statements themselves.
 TEST(SpecSync, PlansTestExplainsTheWorkersStatements) {
-    std::string plans = read_file(std::string(OUTBOX_SOURCE_DIR) + "/test/sql/plans.sql");
-    ASSERT_FALSE(plans.empty()) << "test/sql/plans.sql not found";
+    std::string plans = read_file(std::string(OUTBOX_SOURCE_DIR) + "/sql/plans.sql");
+    ASSERT_FALSE(plans.empty()) << "sql/plans.sql not found";
     for (const char *sql :
          {outbox::sql::relay::kClaim, outbox::sql::relay::kFirstPending,
           outbox::sql::relay::kMarkClaimedPublished, outbox::sql::relay::kMarkPublished,
@@ -43,5 +43,5 @@ TEST(SpecSync, PlansTestExplainsTheWorkersStatements) {
           outbox::sql::retention::kFirstIdSince, outbox::sql::retention::kRetentionProcessedEvents,
           outbox::sql::retention::kRetentionInbox, outbox::sql::retention::kStraggler,
           outbox::sql::inbox::kClaim, outbox::sql::inbox::kDone})
-        EXPECT_NE(plans.find(sql), std::string::npos) << "test/sql/plans.sql lacks: " << sql;
+        EXPECT_NE(plans.find(sql), std::string::npos) << "sql/plans.sql lacks: " << sql;
 }

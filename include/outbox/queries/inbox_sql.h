@@ -83,7 +83,7 @@ inline constexpr const char kRetryingKeys[] =
 // the handler worker runs its own statements with sorts off, because a
 // generic plan otherwise walks the received_at index and sorts each
 // batch's records (they share one received_at) on every claim: a few
-// records a second on a burst of one topic (test/sql/plans.sql).
+// records a second on a burst of one topic (sql/plans.sql).
 inline constexpr const char kClaim[] =
     "SELECT m, m.event_id, m.key FROM outbox.inbox_message m"
     " WHERE NOT m.processed AND m.topic = $2 AND m.parked_at IS NULL"

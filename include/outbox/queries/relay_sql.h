@@ -12,7 +12,7 @@ namespace outbox::sql::relay {
 // record waits for the one before it), and keys outside this worker's share
 // ($4 of $3: each key always goes through the same worker, so its records
 // stay in order).  The payload comes as jsonb: the relay renders it within
-// a byte budget.  test/specs/relay_claim.spec runs this exact text.
+// a byte budget.  specs/relay_claim.spec runs this exact text.
 inline constexpr const char kClaim[] =
     "SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid,"
     " is_binary, key_bytes, value, kafka_partition"

@@ -1,5 +1,5 @@
 -- ALTER EXTENSION outbox UPDATE from 1.0: data kept, new objects there, and
--- the same schema as a fresh CREATE EXTENSION (sql/outbox--1.2.sql).
+-- the same schema as a fresh CREATE EXTENSION (outbox--1.2.sql).
 
 -- Every object of the extension, described so that two installs compare.
 CREATE FUNCTION pg_temp.outbox_schema() RETURNS SETOF text LANGUAGE sql AS $$
