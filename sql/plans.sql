@@ -8,16 +8,23 @@ SET plan_cache_mode = force_generic_plan;
 SET enable_seqscan = off;
 SET enable_bitmapscan = off;
 SET search_path = pg_catalog, pg_temp;
-PREPARE claim(int, text[], int, int, bigint) AS SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid, is_binary, key_bytes, value, kafka_partition FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5 AND key <> ALL($2) AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED;
-EXPLAIN (COSTS OFF) EXECUTE claim(1000, '{}', 1, 0, 0);
-PREPARE first_pending(bigint) AS SELECT id FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 ORDER BY id LIMIT 1;
-EXPLAIN (COSTS OFF) EXECUTE first_pending(0);
+PREPARE claim(int, text[], int, int, bigint, boolean) AS SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid, is_binary, key_bytes, value, kafka_partition FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5 AND key NOT IN (SELECT pg_catalog.unnest($2)) AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4 AND ($6 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE claim(1000, '{}', 1, 0, 0, true);
+-- While a message waits for a retry: each row probes the few that wait.
+EXPLAIN (COSTS OFF) EXECUTE claim(1000, '{}', 1, 0, 0, false);
+PREPARE first_pending(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
+EXPLAIN (COSTS OFF) EXECUTE first_pending(0, true);
+EXPLAIN (COSTS OFF) EXECUTE first_pending(0, false);
+PREPARE next_retry AS SELECT min(next_attempt_at) FROM outbox.outbox_message WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
+EXPLAIN (COSTS OFF) EXECUTE next_retry;
+PREPARE first_due AS SELECT min(id) FROM outbox.outbox_message WHERE published_at IS NULL AND next_attempt_at <= pg_catalog.now();
+EXPLAIN (COSTS OFF) EXECUTE first_due;
 PREPARE mark_claimed(tid[]) AS UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp() WHERE ctid = ANY($1);
 EXPLAIN (COSTS OFF) EXECUTE mark_claimed('{"(0,1)"}');
 PREPARE mark(bigint[]) AS UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp() WHERE id = ANY($1) AND published_at IS NULL;
 EXPLAIN (COSTS OFF) EXECUTE mark('{1}');
-PREPARE fail(bigint[], text[], boolean[], int, boolean[]) AS UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error, parked_at = CASE WHEN f.park_now OR (f.permanent AND m.attempts + 1 >= $4) THEN pg_catalog.statement_timestamp() ELSE m.parked_at END FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($5)) AS f(id, error, permanent, park_now) WHERE m.id = ANY($1) AND m.id = f.id AND m.published_at IS NULL RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now, m.last_error;
-EXPLAIN (COSTS OFF) EXECUTE fail('{1}', '{x}', '{true}', 10, '{false}');
+PREPARE fail(bigint[], text, boolean, int, boolean, float8, float8) AS UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = $2, parked_at = CASE WHEN $5 OR ($3 AND m.attempts + 1 >= $4) THEN pg_catalog.statement_timestamp() ELSE m.parked_at END, next_attempt_at = CASE WHEN $3 AND NOT $5 AND m.attempts + 1 < $4 THEN pg_catalog.statement_timestamp() + pg_catalog.make_interval(secs => LEAST($7::float8, $6::float8 * pg_catalog.power(2::float8, m.attempts::float8))) END WHERE m.id = ANY($1) AND m.published_at IS NULL RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now, m.last_error, m.id, m.next_attempt_at - pg_catalog.statement_timestamp() AS waits;
+EXPLAIN (COSTS OFF) EXECUTE fail('{1}', 'x', true, 10, false, 1, 60);
 PREPARE retention_published(timestamptz, int, bigint, bigint) AS DELETE FROM outbox.outbox_message WHERE id IN (SELECT id FROM outbox.outbox_message WHERE id >= $3 AND id < $4 AND published_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) AND published_at < $1 RETURNING id;
 EXPLAIN (COSTS OFF) EXECUTE retention_published(now(), 1000, 0, 100);
 PREPARE first_id_since(uuid) AS SELECT id, message_id FROM outbox.outbox_message WHERE message_id >= $1 ORDER BY message_id LIMIT 1;
@@ -26,8 +33,9 @@ PREPARE retention_processed(timestamptz, int, timestamptz) AS DELETE FROM outbox
 EXPLAIN (COSTS OFF) EXECUTE retention_processed(now(), 1000, '-infinity');
 PREPARE retention_inbox(timestamptz, int, timestamptz) AS DELETE FROM outbox.inbox_message WHERE event_id IN (SELECT event_id FROM outbox.inbox_message WHERE processed AND processed_at >= $3 AND processed_at < $1 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND processed AND processed_at < $1 RETURNING processed_at;
 EXPLAIN (COSTS OFF) EXECUTE retention_inbox(now(), 1000, '-infinity');
-PREPARE straggler(bigint) AS SELECT id FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 ORDER BY id LIMIT 1;
-EXPLAIN (COSTS OFF) EXECUTE straggler(100);
+PREPARE straggler(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
+EXPLAIN (COSTS OFF) EXECUTE straggler(100, true);
+EXPLAIN (COSTS OFF) EXECUTE straggler(100, false);
 -- The inbox handler's statements also run with sorts off (its claim has
 -- one right plan: the topic's index, in order).
 SET enable_sort = off;

@@ -5,6 +5,7 @@
 #include "outbox/common/list.h"
 #include "outbox/json/headers.h"
 #include "outbox/kafka/config.h"
+#include "outbox/policy.h"
 
 #include "outbox/guc.h"
 
@@ -82,16 +83,6 @@ bool list_ok(const char *value, bool topics) noexcept {
     }
 }
 
-bool headers_ok(const char *value) noexcept {
-    try {
-        std::vector<outbox::json::Header> headers;
-        std::string error;
-        return take(outbox::json::decode_headers(value, headers, error), error);
-    } catch (...) {
-        return take(false, "out of memory");
-    }
-}
-
 // outbox.kafka_config: refused when it does not parse, when librdkafka
 // refuses a property, when it would weaken the delivery guarantees, or when
 // it holds a secret.  The message names the property and never repeats the
@@ -115,10 +106,33 @@ bool check_inbox_topics(char **newval, void **, GucSource) {
     return false;
 }
 
-// outbox.default_headers: empty, or a JSON object of strings.
+// outbox.default_headers: empty, or a JSON object of strings that jsonb
+// takes (no \u0000) and that leaves each message its own event_id.
+bool default_headers_ok(const char *value) noexcept {
+    try {
+        std::vector<outbox::json::Header> headers;
+        std::string error;
+        if (!outbox::json::decode_headers(value, headers, error)) return take(false, error);
+        if (headers.size() > static_cast<std::size_t>(outbox::policy::kMaxHeaders))
+            return take(false, "more than " + std::to_string(outbox::policy::kMaxHeaders) +
+                                   " headers");
+        for (const auto &h : headers) {
+            if (h.name == "event_id")
+                return take(false, "it may not set \"event_id\": each message's event_id is "
+                                   "its own message_id, or a header of the message itself");
+            if (h.name.find('\0') != std::string::npos || h.value.find('\0') != std::string::npos)
+                return take(false, "header \"" + h.name.substr(0, h.name.find('\0')) +
+                                       "\" holds \\u0000, which Postgres' jsonb refuses");
+        }
+        return true;
+    } catch (...) {
+        return take(false, "out of memory");
+    }
+}
+
 bool check_default_headers(char **newval, void **, GucSource) {
     const char *v = *newval ? *newval : "";
-    if (v[0] == '\0' || headers_ok(v)) return true;
+    if (v[0] == '\0' || default_headers_ok(v)) return true;
     GUC_check_errdetail("outbox.default_headers must be a JSON object of strings: %s.", why);
     return false;
 }

@@ -19,8 +19,10 @@
 //
 // Handlers run as the role that owns the function, never more, under
 // SECURITY_RESTRICTED_OPERATION (no SET ROLE, no temporary objects) and a
-// GUC nest level of their own, with the search_path a session of this
-// database starts with: nothing a handler sets or creates outlives its call.
+// GUC nest level of their own, with the settings a session of that role in
+// this database starts with (the database's, then the role's ALTER ROLE
+// ... SET), and exit_on_error off: nothing a handler sets or creates
+// outlives its call.
 // A subscription whose owner may no longer have that role's handler run
 // (see inbox_api.cpp) is skipped, and said so once.
 //
@@ -30,6 +32,14 @@
 // outbox.inbox_retry()).  Later records of the same key wait while an
 // earlier one is being retried, so a key's records are handled in order;
 // once it is parked they go on.  Records without a key have no order to keep.
+//
+// A call past outbox.inbox_handler_timeout is cancelled (an ERROR: a failed
+// attempt).  A call that catches its cancellation and goes on is ended with
+// the worker's process kHandlerCancelGraceMs later; so is one that raises a
+// FATAL.  Shared memory keeps the call's records across the restart, and
+// the next process counts the call as their failed attempt (shmem.h): a
+// handler can neither hold its worker for ever nor have its record called
+// again for ever.
 //
 // SIGTERM cancels a handler like a backend's statement (worker_common.h).
 // Postgres-side code only (handlers are Postgres functions).
@@ -42,8 +52,15 @@
 #include "outbox/workers.h"
 
 extern "C" {
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_db_role_setting.h"
 #include "catalog/pg_proc.h"
+#include "utils/elog.h"
+#include "utils/fmgroids.h"
 #include "executor/spi.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -58,6 +75,8 @@ extern "C" {
 
 namespace {
 
+using outbox::policy::kHandlerBatchBytes;
+using outbox::policy::kHandlerCancelGraceMs;
 using outbox::policy::kMaxHandlerBatch;
 using outbox::policy::kTopicSliceMs;
 constexpr int kMaxTopics = 256;  // topics whose pace is remembered
@@ -106,6 +125,72 @@ bool may_execute(Oid handler, Oid role) {
 #endif
 }
 
+// The timeout that ends a call which ignored its cancellation, and the
+// log hook that notes why a call ends the process.
+TimeoutId end_call_timeout;
+emit_log_hook_type prev_emit_log_hook = nullptr;
+
+// In a signal handler: only flags, as Postgres' own die() sets them.
+void end_ignored_call() {
+    outbox_call_note_end("the handler ran past outbox.inbox_handler_timeout and ignored its "
+                         "cancellation: its worker was ended",
+                         true);
+    InterruptPending = true;
+    ProcDiePending = true;
+    SetLatch(MyLatch);
+}
+
+void note_fatal(ErrorData *edata) {
+    // A stop asked for (SIGTERM: a DBA, a shutdown) is not the call's fault.
+    if (edata->elevel >= FATAL && edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
+        outbox_call_forget_unless_timed_out();
+    else if (edata->elevel >= FATAL && edata->message)
+        outbox_call_note_end(edata->message, false);
+    if (prev_emit_log_hook) prev_emit_log_hook(edata);
+}
+
+// The settings of one pg_db_role_setting row (`database`, `role`), as a
+// session's SET would make them, in the current GUC nest level.  One a
+// session of the role could not have either (a bad value, a setting a
+// security-restricted operation refuses) is skipped, as at login.
+void apply_setting_row(Relation rel, Oid database, Oid role) {
+    ScanKeyData keys[2];
+    ScanKeyInit(&keys[0], Anum_pg_db_role_setting_setdatabase, BTEqualStrategyNumber, F_OIDEQ,
+                ObjectIdGetDatum(database));
+    ScanKeyInit(&keys[1], Anum_pg_db_role_setting_setrole, BTEqualStrategyNumber, F_OIDEQ,
+                ObjectIdGetDatum(role));
+    SysScanDesc scan = systable_beginscan(rel, DbRoleSettingDatidRolidIndexId, true, nullptr, 2, keys);
+    HeapTuple tuple;
+    while (HeapTupleIsValid(tuple = systable_getnext(scan))) {
+        bool isnull;
+        Datum d = heap_getattr(tuple, Anum_pg_db_role_setting_setconfig, RelationGetDescr(rel),
+                               &isnull);
+        if (isnull) continue;
+        Datum *items;
+        bool *nulls;
+        int n;
+        deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT, &items, &nulls,
+                          &n);
+        for (int i = 0; i < n; i++) {
+            if (nulls[i]) continue;
+            char *name, *value;
+            ParseLongOption(TextDatumGetCString(items[i]), &name, &value);
+            if (value)
+                (void) set_config_option(name, value, PGC_SUSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+                                         true, DEBUG1, false);
+        }
+    }
+    systable_endscan(scan);
+}
+
+// What ALTER ROLE `role` [IN DATABASE this one] SET gives a session of it.
+void apply_role_settings(Oid role) {
+    Relation rel = table_open(DbRoleSettingRelationId, AccessShareLock);
+    apply_setting_row(rel, InvalidOid, role);
+    apply_setting_row(rel, MyDatabaseId, role);
+    table_close(rel, AccessShareLock);
+}
+
 struct HandlerCall {
     const OutboxSubscription *sub;
     Datum arg;               // one row, or an array of rows
@@ -136,11 +221,21 @@ void call_handler(void *arg) {
                                  PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
     SetUserIdAndSecContext(c->sub->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
                                               SECURITY_RESTRICTED_OPERATION);
+    apply_role_settings(c->sub->owner);
+    // An error the worker means to catch must stay an ERROR, whatever the
+    // database or the role says (the handler may still turn it on itself:
+    // its FATAL then counts as a failed attempt, see above).
+    (void) set_config_option("exit_on_error", "off", PGC_SUSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+                             true, 0, false);
     // Postgres' own statement timeout, armed by hand (a worker runs no
     // top-level statements): a call past it ends with an ERROR, which undoes
-    // the subtransaction and counts as a failed attempt.
-    if (outbox_inbox_handler_timeout_ms > 0)
+    // the subtransaction and counts as a failed attempt.  A call that
+    // catches that ERROR is ended with the process a little later.
+    if (outbox_inbox_handler_timeout_ms > 0) {
         enable_timeout_after(STATEMENT_TIMEOUT, outbox_inbox_handler_timeout_ms);
+        enable_timeout_after(end_call_timeout,
+                             outbox_inbox_handler_timeout_ms + static_cast<int>(kHandlerCancelGraceMs));
+    }
     // Not OidFunctionCall1: a void SQL function returns NULL, which that
     // refuses.  The result is ignored.
     FmgrInfo flinfo;
@@ -151,6 +246,7 @@ void call_handler(void *arg) {
     fcinfo->args[0].isnull = false;
     (void) FunctionCallInvoke(fcinfo);
     disable_timeout(STATEMENT_TIMEOUT, false);
+    disable_timeout(end_call_timeout, false);
     // Whatever the handler set, SET LOCAL or not, goes with its nest level.
     AtEOXact_GUC(false, nest);
     SetUserIdAndSecContext(save_userid, save_sec_context);
@@ -160,7 +256,10 @@ void call_handler(void *arg) {
 // call_handler in a subtransaction; false with the error when it raised.
 // The handler's timeout never outlives the call, whichever way it ended.
 bool run_handler(HandlerCall *call, char **error, int *sqlerrcode) {
+    outbox_call_begin(call->event_ids, call->n);
     bool ok = outbox_worker_subtransaction(call_handler, call, error, sqlerrcode);
+    outbox_call_end();
+    if (get_timeout_active(end_call_timeout)) disable_timeout(end_call_timeout, false);
     if (get_timeout_active(STATEMENT_TIMEOUT)) disable_timeout(STATEMENT_TIMEOUT, false);
     if (get_timeout_indicator(STATEMENT_TIMEOUT, true)) QueryCancelPending = false;
     return ok;
@@ -243,7 +342,8 @@ int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
     int nblocked = 0;
     char **blocked = outbox_inbox_retrying_keys(sub.topic, &nblocked);
     OutboxInboxClaim *rows;
-    int claimed = outbox_inbox_claim(sub.topic, limit, w->shares, w->share, blocked, nblocked, &rows);
+    int claimed = outbox_inbox_claim(sub.topic, limit, w->shares, w->share, blocked, nblocked,
+                                     kHandlerBatchBytes, &rows);
     TopicCounts counts;
     if (claimed > 0 && sub.batch) {
         Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * claimed));
@@ -293,10 +393,43 @@ int read_subscriptions(OutboxWorker *w, OutboxSubscription **subs, TimestampTz *
     return n;
 }
 
+// A call that ended this worker's previous process: counted as a failed
+// attempt of each of its records (parked after outbox.max_attempts).
+void charge_unfinished_call(OutboxWorker *w) {
+    pg_uuid_t *ids;
+    char why[256];
+    bool timed_out;
+    if (!outbox_worker_begin(w, "pg outbox: counting an unfinished handler call")) return;
+    int n = outbox_call_take_unfinished(&ids, why, sizeof why, &timed_out);
+    if (n == 0) {
+        outbox_worker_commit(w);
+        return;
+    }
+    const char *error = timed_out || why[0] == '\0'
+                            ? (why[0] ? why : "the handler call ended its worker's process")
+                            : psprintf("the handler call ended its worker's process: %s", why);
+    int parked = 0;
+    for (int i = 0; i < n; i++)
+        if (outbox_inbox_failed(UUIDPGetDatum(&ids[i]), error, outbox_max_attempts)) parked++;
+    outbox_worker_commit(w);
+    outbox_stats_add(0, static_cast<uint64>(n), static_cast<uint64>(parked));
+    ereport(WARNING, (errmsg("%s: a handler call ended this worker's previous process; counted "
+                             "as a failed attempt of its %d record(s), %d parked",
+                             w->label, n, parked),
+                      errdetail("%s", timed_out ? "It ran past outbox.inbox_handler_timeout and "
+                                                  "ignored its cancellation."
+                                                : "It raised a FATAL error."),
+                      errhint("outbox.inbox_message.last_error has the reason.")));
+}
+
 void handler_start(OutboxWorker *w) {
     w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(HandlerState));
     for (const char *name : kOwnPlanSettings)
         SetConfigOption(name, "off", PGC_SUSET, PGC_S_SESSION);
+    end_call_timeout = RegisterTimeout(USER_TIMEOUT, end_ignored_call);
+    prev_emit_log_hook = emit_log_hook;
+    emit_log_hook = note_fatal;
+    charge_unfinished_call(w);
 }
 
 long handler_turn(OutboxWorker *w) {

@@ -24,6 +24,7 @@
 // starts it again (worker_common.h).
 
 #include "outbox/guc.h"
+#include "outbox/queries/relay.h"
 #include "outbox/queries/retention.h"
 #include "outbox/policy.h"
 #include "outbox/shmem.h"
@@ -103,7 +104,8 @@ void straggler_scan(OutboxWorker *w) {
     if (mark <= 0 || mark == PG_INT64_MAX) return;  // no relay, or it scans from the start
     TimestampTz start = GetCurrentTimestamp();
     if (!outbox_worker_begin(w, "pg outbox: looking for stragglers")) return;
-    int64 straggler = outbox_straggler_below(mark);
+    bool waiting = w->schema >= kOutboxSchema13 && outbox_relay_next_retry() != 0;
+    int64 straggler = outbox_straggler_below(w->schema, mark, waiting);
     outbox_worker_commit(w);
     if (straggler >= 0) {
         ereport(DEBUG1, (errmsg("%s: message %lld is pending below the relays' mark %lld",

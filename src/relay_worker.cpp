@@ -25,10 +25,12 @@
 //
 // The low-water mark: the claim starts at it, so the index entries of rows
 // published long ago (which vacuum cannot remove while an old snapshot
-// lives) are never walked again.  It never passes a row that is pending, or
-// that an uncommitted writer may still commit (shmem.h says how), and it is
-// lowered again by outbox.retry(), outbox.replay() and the maintenance
-// worker's straggler scan.
+// lives) are never walked again.  It never passes a row a claim may take;
+// it passes rows that wait for a retry (and the later rows of their keys),
+// and ids of writers that have not committed yet.  It is lowered again by
+// such a writer's commit (shmem.h), by a retry falling due, by a row parked
+// (its key's later rows may go), by outbox.retry(), outbox.replay() and the
+// maintenance worker's straggler scan.
 //
 // Boundary: the Postgres-side functions below keep no C++ object with a
 // destructor on the stack; everything C++ lives in the process-wide
@@ -76,7 +78,12 @@ struct RelayState {
     TimestampTz reconfigure_deadline = 0;  // settings changed while records were in flight
     TimestampTz next_claim_at = 0;         // backoff after failures
     int backoff_ms = 0;
-    int64 low_water = 0;  // every row below it is published or parked
+    int64 low_water = 0;  // every row below it is published, parked or waiting
+    // Messages Kafka refused for good wait for their next attempt (schema
+    // 1.3): whether any may wait, and when the next is due.
+    bool waiting_known = false;
+    bool waiting = true;
+    TimestampTz next_due = 0;
     TimestampTz last_batch_end = 0;  // when the last batch that claimed something committed
     bool last_batch_full = false;
     double rate = 0;                 // messages per second under load, smoothed
@@ -85,6 +92,7 @@ struct RelayState {
     uint64 turn_acked = 0;
     uint64 turn_failed = 0;
     uint64 turn_parked = 0;
+    uint64 turn_transient = 0;  // failures Kafka may not repeat (an outage), not refusals
     char reported_error[256] = "";
     int reported_state = -1;
     char last_connect_error[512] = "";
@@ -187,10 +195,20 @@ std::size_t record_outcomes(OutboxWorker *w, const OutboxClaim *claim) {
             errors[i] = p->failed_error(i);
             permanent[i] = p->failed_permanent(i);
             park_now[i] = p->failed_park_now(i);
+            if (!permanent[i]) r->turn_transient++;
         }
-        r->turn_parked += outbox_relay_record_failures(p->failed_ids(), errors, permanent, park_now,
-                                                       static_cast<int>(failed),
-                                                       outbox_max_attempts, w->label);
+        int64 first_parked = PG_INT64_MAX;
+        TimestampTz due = r->waiting ? r->next_due : 0;
+        r->turn_parked += outbox_relay_record_failures(
+            w->schema, p->failed_ids(), errors, permanent, park_now, static_cast<int>(failed),
+            outbox_max_attempts, w->label, &first_parked, &due);
+        // A message that waits now keeps its key's later ones back; one
+        // parked now lets them go, and the mark may have passed them.
+        if (due != 0) {
+            r->waiting = true;
+            r->next_due = due;
+        }
+        r->low_water = Min(r->low_water, first_parked);
     }
     r->turn_acked += acked;
     r->turn_failed += failed;
@@ -198,23 +216,42 @@ std::size_t record_outcomes(OutboxWorker *w, const OutboxClaim *claim) {
     return acked;
 }
 
-// Moves the low-water mark up to the first row still pending, never past
-// an id that an uncommitted writer holds or may still take.  In the turn's
-// transaction, after its marks.  The order matters: the sequence is read
-// before the writers' slots, and both before the statement that finds the
-// first pending row takes its snapshot (shmem.h).
+// Moves the low-water mark up to the first row a claim may take.  In the
+// turn's transaction, after its marks.  It may pass the id of a writer
+// that has not committed yet: that writer's commit lowers the mark again
+// (shmem.h), so a transaction left open never makes every claim walk what
+// was published since it wrote.  The sequence is read before the statement
+// that finds the first pending row takes its snapshot.
 void advance_low_water(OutboxWorker *w) {
     RelayState *r = state(w);
     int64 next_id = outbox_relay_last_id() + 1;
-    bool unsure;
-    int64 writers = outbox_writers_lowest(MyDatabaseId, &unsure);
-    int64 first = outbox_relay_first_pending(r->low_water);
+    int64 first = outbox_relay_first_pending(w->schema, r->low_water, r->waiting);
     int64 mark = first >= 0 ? first : next_id;
     mark = Min(mark, next_id);
-    mark = Min(mark, writers);
-    if (unsure) mark = Min(mark, r->low_water);  // a writer is between announcing and inserting
     r->low_water = Max(mark, 0);
     outbox_relay_set_low_water(r->low_water);
+}
+
+// Messages that wait for a retry (schema 1.3): learns whether any does,
+// and when one is due, moves the mark back to it (the mark passes those
+// that wait, and the later messages of their keys).  Two probes of a small
+// index, only at start and when a retry is due.
+void refresh_waiting(OutboxWorker *w) {
+    RelayState *r = state(w);
+    if (w->schema < kOutboxSchema13) {
+        r->waiting = false;
+        r->waiting_known = false;
+        return;
+    }
+    TimestampTz now = GetCurrentTimestamp();
+    if (r->waiting_known && (!r->waiting || now < r->next_due)) return;
+    r->next_due = outbox_relay_next_retry();
+    r->waiting = r->next_due != 0;
+    r->waiting_known = true;
+    if (r->waiting && r->next_due <= now) {
+        int64 due = outbox_relay_first_due();
+        if (due >= 0) r->low_water = Min(r->low_water, due);
+    }
 }
 
 // Publishes this turn's counts and the producer's state to the shared stats
@@ -223,7 +260,7 @@ void report_stats(OutboxWorker *w) {
     RelayState *r = state(w);
     if (r->turn_acked || r->turn_failed || r->turn_parked)
         outbox_stats_add(r->turn_acked, r->turn_failed, r->turn_parked);
-    r->turn_acked = r->turn_failed = r->turn_parked = 0;
+    r->turn_acked = r->turn_failed = r->turn_parked = r->turn_transient = 0;
     Producer *p = r->producer.get();
     if (!p) return;
     outbox_stats_set_in_flight(p->in_flight());
@@ -298,12 +335,13 @@ int run_batch(OutboxWorker *w) {
     }
     int64 rescan = outbox_relay_take_rescan();
     if (rescan < r->low_water) r->low_water = rescan;
+    refresh_waiting(w);
     // Late reports first: a row acknowledged but not yet marked would
     // otherwise look pending to the claim and go out twice.
     std::size_t acked = record_outcomes(w, nullptr);
     OutboxClaim claim;
     outbox_relay_claim(w->schema, outbox_batch_size, r->low_water, w->shares, w->share,
-                       in_flight_keys(p), outbox::policy::kBatchByteBudget, &claim);
+                       in_flight_keys(p), r->waiting, outbox::policy::kBatchByteBudget, &claim);
     if (claim.n > 0) {
         p->produce(claim.records, static_cast<std::size_t>(claim.n));
         acked += await_deliveries(
@@ -311,13 +349,17 @@ int run_batch(OutboxWorker *w) {
     }
     acked += record_outcomes(w, &claim);
     advance_low_water(w);
-    // Back off when a batch got nothing through: Kafka is down or refusing.
-    // The next acknowledgement ends the backoff.  Refused rows next to
-    // acknowledged ones are retried after the shortest backoff, not at the
-    // next poll tick.
-    if (claim.n > 0 && acked == 0)
+    // Back off when a batch got nothing through because Kafka is down: no
+    // acknowledgement, and a failure that is not a refusal (or no report at
+    // all).  The next acknowledgement ends the backoff.  A batch Kafka only
+    // refused is no outage: its rows wait (or are parked) and the next claim
+    // goes on at once with the others.  Rows that failed for a passing reason
+    // next to acknowledged ones are retried after the shortest backoff, not
+    // at the next poll tick.
+    bool refusals_only = r->turn_failed > 0 && r->turn_transient == 0;
+    if (claim.n > 0 && acked == 0 && !refusals_only)
         backoff_after_failure(r);
-    else if (r->turn_failed > 0)
+    else if (r->turn_transient > 0)
         r->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
                                                        outbox::policy::kRelayBackoffMinMs);
     outbox_worker_commit(w);
@@ -495,11 +537,12 @@ long relay_turn(OutboxWorker *w) {
     r->last_batch_full = claimed >= outbox_batch_size;
     // A full batch means more may be waiting, and a wake-up during the batch
     // means a commit came after our snapshot: go again without sleeping.
-    // Otherwise sleep until a commit, a delivery report, a retry is due, or
-    // the poll tick.
+    // Otherwise sleep until a commit, a delivery report, a retry is due (of
+    // the batch, or of a message Kafka refused), or the poll tick.
     if (claimed >= outbox_batch_size || w->woken) return 0;
     long wait = outbox_poll_interval_ms;
     if (r->next_claim_at > 0) wait = Min(wait, ms_until(r->next_claim_at));
+    if (r->waiting && r->next_due > 0) wait = Min(wait, ms_until(r->next_due));
     return Max(wait, 1L);
 }
 

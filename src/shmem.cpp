@@ -1,6 +1,7 @@
 #include "outbox/shmem.h"
 
 #include "outbox/guc.h"
+#include "outbox/policy.h"
 
 extern "C" {
 #include "port/atomics.h"
@@ -44,21 +45,18 @@ struct WorkerSlot {
     // Relays: the mark, and the lowest rescan point asked of it.
     pg_atomic_uint64 low_water;
     pg_atomic_uint64 rescan_from;
+    // Inbox handlers: the records of the handler call in progress.  Written
+    // and read only by the slot's worker, one process after another: attach
+    // and detach leave it, so that the next process finds a call that
+    // ended its predecessor.
+    int call_n;  // 0: no call in progress
+    bool call_timed_out;
+    char call_error[256];
+    pg_uuid_t call_ids[outbox::policy::kMaxHandlerBatch];
 };
-
-// A backend's uncommitted outbox insert: kNone, kAllocating, or its lowest id.
-struct WriterSlot {
-    pg_atomic_uint64 lowest;
-    volatile Oid database;
-};
-
-constexpr uint64 kNone = 0;
-constexpr uint64 kAllocating = PG_UINT64_MAX;
 
 struct OutboxShared {
     int nslots;
-    int nwriters;
-    WriterSlot *writers;  // nwriters of them, after the worker slots
     WorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 };
 
@@ -67,29 +65,30 @@ WorkerSlot *my_slot = nullptr;
 shmem_request_hook_type prev_shmem_request_hook = nullptr;
 shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
 
-Size workers_size() {
+Size shared_size() {
     return add_size(offsetof(OutboxShared, slots),
                     mul_size(sizeof(WorkerSlot), outbox_slot_count()));
 }
 
-Size shared_size() {
-    return add_size(MAXALIGN(workers_size()), mul_size(sizeof(WriterSlot), MaxBackends));
-}
+// The lowest id this backend's transaction inserted through outbox.write*()
+// (-1: none yet).
+int64 lowest_write = -1;
 
-int my_writer_index() {
-#if PG_VERSION_NUM >= 170000
-    return MyProcNumber;
-#else
-    return MyBackendId - 1;
-#endif
+// Lowers the rescan point of every relay of `database` to `id`; wakes them
+// when asked.
+void lower_rescan(Oid database, int64 id, bool wake) {
+    if (!shared) return;
+    for (int i = 0; i < shared->nslots; i++) {
+        WorkerSlot &s = shared->slots[i];
+        if (s.pid == 0 || s.role != OUTBOX_ROLE_RELAY || s.database != database) continue;
+        uint64 want = static_cast<uint64>(Max(id, 0));
+        uint64 old = pg_atomic_read_u64(&s.rescan_from);
+        while (want < old && !pg_atomic_compare_exchange_u64(&s.rescan_from, &old, want)) {
+        }
+        if (!wake) continue;
+        if (Latch *latch = s.latch) SetLatch(latch);
+    }
 }
-
-WriterSlot *my_writer() {
-    int i = my_writer_index();
-    return shared && i >= 0 && i < shared->nwriters ? &shared->writers[i] : nullptr;
-}
-
-bool uncommitted_write = false;  // this backend's writer slot is set
 
 void request_shmem() {
     if (prev_shmem_request_hook) prev_shmem_request_hook();
@@ -109,11 +108,6 @@ void startup_shmem() {
             pg_atomic_init_u64(&shared->slots[i].low_water, 0);
             pg_atomic_init_u64(&shared->slots[i].rescan_from, PG_UINT64_MAX);
         }
-        shared->nwriters = MaxBackends;
-        shared->writers = reinterpret_cast<WriterSlot *>(reinterpret_cast<char *>(shared) +
-                                                         MAXALIGN(workers_size()));
-        for (int i = 0; i < shared->nwriters; i++)
-            pg_atomic_init_u64(&shared->writers[i].lowest, kNone);
     }
     LWLockRelease(AddinShmemInitLock);
 }
@@ -249,63 +243,20 @@ bool outbox_slot_stats(int index, OutboxSlotStats *out) {
     return true;
 }
 
-void outbox_writer_allocating(void) {
-    WriterSlot *w = my_writer();
-    if (!w || uncommitted_write) return;
-    w->database = MyDatabaseId;
-    pg_write_barrier();
-    pg_atomic_write_u64(&w->lowest, kAllocating);
-    // Before nextval(): a relay that reads the sequence after our id was
-    // taken must see that we hold one.
-    pg_memory_barrier();
-    uncommitted_write = true;
-}
-
 void outbox_writer_wrote(int64 id) {
-    WriterSlot *w = my_writer();
-    if (!w || !uncommitted_write) return;
-    uint64 now = pg_atomic_read_u64(&w->lowest);
-    if (now == kAllocating || static_cast<uint64>(id) < now)
-        pg_atomic_write_u64(&w->lowest, static_cast<uint64>(id));
+    if (lowest_write < 0 || id < lowest_write) lowest_write = id;
 }
 
-void outbox_writer_done(void) {
-    if (!uncommitted_write) return;
-    uncommitted_write = false;
-    if (WriterSlot *w = my_writer()) pg_atomic_write_u64(&w->lowest, kNone);
+void outbox_writer_done(bool committed) {
+    if (lowest_write < 0) return;
+    int64 id = lowest_write;
+    lowest_write = -1;
+    // Visible now: a relay whose mark passed the id while it was not takes
+    // it at its next claim.  The commit's own wake-up follows.
+    if (committed) lower_rescan(MyDatabaseId, id, false);
 }
 
-int64 outbox_writers_lowest(Oid database, bool *unsure) {
-    *unsure = false;
-    int64 lowest = PG_INT64_MAX;
-    if (!shared) return lowest;
-    pg_memory_barrier();
-    for (int i = 0; i < shared->nwriters; i++) {
-        WriterSlot &w = shared->writers[i];
-        uint64 v = pg_atomic_read_u64(&w.lowest);
-        if (v == kNone) continue;
-        pg_read_barrier();
-        if (w.database != database) continue;
-        if (v == kAllocating)
-            *unsure = true;
-        else
-            lowest = Min(lowest, static_cast<int64>(v));
-    }
-    return lowest;
-}
-
-void outbox_relay_rescan_from(Oid database, int64 id) {
-    if (!shared) return;
-    for (int i = 0; i < shared->nslots; i++) {
-        WorkerSlot &s = shared->slots[i];
-        if (s.pid == 0 || s.role != OUTBOX_ROLE_RELAY || s.database != database) continue;
-        uint64 want = static_cast<uint64>(Max(id, 0));
-        uint64 old = pg_atomic_read_u64(&s.rescan_from);
-        while (want < old && !pg_atomic_compare_exchange_u64(&s.rescan_from, &old, want)) {
-        }
-        if (Latch *latch = s.latch) SetLatch(latch);
-    }
-}
+void outbox_relay_rescan_from(Oid database, int64 id) { lower_rescan(database, id, true); }
 
 int64 outbox_relay_take_rescan(void) {
     if (!my_slot) return PG_INT64_MAX;
@@ -326,4 +277,39 @@ int64 outbox_relays_lowest_low_water(Oid database) {
         lowest = Min(lowest, static_cast<int64>(pg_atomic_read_u64(&s.low_water)));
     }
     return lowest;
+}
+
+void outbox_call_begin(const Datum *event_ids, int n) {
+    if (!my_slot) return;
+    n = Min(n, static_cast<int>(lengthof(my_slot->call_ids)));
+    for (int i = 0; i < n; i++) my_slot->call_ids[i] = *DatumGetUUIDP(event_ids[i]);
+    my_slot->call_timed_out = false;
+    my_slot->call_error[0] = '\0';
+    pg_write_barrier();
+    my_slot->call_n = n;
+}
+
+void outbox_call_end(void) {
+    if (my_slot) my_slot->call_n = 0;
+}
+
+void outbox_call_note_end(const char *text, bool timed_out) {
+    if (!my_slot || my_slot->call_n == 0 || my_slot->call_timed_out) return;
+    if (timed_out) my_slot->call_timed_out = true;
+    if (text) strlcpy(my_slot->call_error, text, sizeof my_slot->call_error);
+}
+
+void outbox_call_forget_unless_timed_out(void) {
+    if (my_slot && !my_slot->call_timed_out) my_slot->call_n = 0;
+}
+
+int outbox_call_take_unfinished(pg_uuid_t **ids, char *error, std::size_t len, bool *timed_out) {
+    if (!my_slot || my_slot->call_n <= 0) return 0;
+    int n = my_slot->call_n;
+    *ids = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t) * n));
+    memcpy(*ids, my_slot->call_ids, sizeof(pg_uuid_t) * n);
+    strlcpy(error, my_slot->call_error, len);
+    *timed_out = my_slot->call_timed_out;
+    my_slot->call_n = 0;
+    return n;
 }

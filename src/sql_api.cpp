@@ -6,9 +6,11 @@
 #include "outbox/common/topic.h"
 #include "outbox/sql_args.h"
 #include "outbox/guc.h"
+#include "outbox/policy.h"
 #include "outbox/queries/write.h"
 #include "outbox/shmem.h"
 #include "outbox/wakeup.h"
+#include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
 extern "C" {
@@ -74,7 +76,11 @@ Datum merged_headers(Datum own) {
     static Datum cached = 0;
     if (!cached_text || strcmp(cached_text, defaults) != 0) {
         MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-        Datum parsed = DirectFunctionCall1(jsonb_in, CStringGetDatum(defaults));
+        // Each message's event_id is its own: never the setting's (its check
+        // refuses one; this keeps it so whatever the setting holds).
+        Datum parsed = DirectFunctionCall2(
+            jsonb_delete, DirectFunctionCall1(jsonb_in, CStringGetDatum(defaults)),
+            CStringGetTextDatum("event_id"));
         char *text_copy = pstrdup(defaults);
         MemoryContextSwitchTo(old);
         if (cached_text) {
@@ -135,6 +141,19 @@ void check_json_size(const char *function, const char *what, Jsonb *doc) {
     if (len > limit) too_large(function, what, len);
 }
 
+// Kafka bounds a record's bytes, not its headers; a record of tens of
+// thousands of tiny headers costs every client that reads it, and the relay
+// first.  outbox::policy::kMaxHeaders is far above any real use (trace
+// context, a schema id, a content type).
+void check_header_count(const char *function, Jsonb *headers) {
+    int n = static_cast<int>(JB_ROOT_COUNT(headers));
+    if (n > outbox::policy::kMaxHeaders)
+        ereport(ERROR,
+                (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+                 errmsg("%s: the message has %d headers, more than the %d a message may carry",
+                        function, n, outbox::policy::kMaxHeaders)));
+}
+
 // A key (text or bytes) may not pass outbox.max_message_bytes either (as
 // UTF-8, a text key of a single-byte encoding may double).
 void check_key_size(const char *function, Datum key, bool is_text) {
@@ -158,7 +177,9 @@ void common_arguments(const char *fn, FunctionCallInfo fcinfo, OutboxNewMessage 
         check_headers(fn, PG_GETARG_JSONB_P(3));
         headers = PG_GETARG_DATUM(3);
     }
+    check_header_count(fn, DatumGetJsonbP(headers));
     m->headers = merged_headers(headers);
+    check_header_count(fn, DatumGetJsonbP(m->headers));
     check_json_size(fn, "headers", DatumGetJsonbP(m->headers));
     check_partition(fn, fcinfo, 4, &m->has_partition, &m->partition);
 }
@@ -179,8 +200,16 @@ void new_message_id(pg_uuid_t *u) {
 }
 
 // Inserts the message in the caller's transaction and has the commit wake
-// the relay.  The relay's low-water mark learns of the uncommitted id first.
+// the relay, and bring its low-water mark back to the id if it passed it.
 pg_uuid_t *insert(OutboxNewMessage *m) {
+    // The insert runs as the extension's owner (SECURITY DEFINER) and names
+    // outbox.outbox_message: never into a schema that a role other than a
+    // superuser controls (an install whose schema its database owner made).
+    if (const char *why = outbox_schema_unsafe(get_namespace_oid("outbox", false)))
+        ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+                        errmsg("pg outbox: refusing to write: schema \"outbox\" %s", why),
+                        errhint("A superuser must own the extension's schema; see the README, "
+                                "Security.")));
     // A restored database whose dump did not carry the id sequence would
     // fail every insert on the primary key: check once per backend.
     static Oid healed_database = InvalidOid;
@@ -190,7 +219,6 @@ pg_uuid_t *insert(OutboxNewMessage *m) {
     SPI_connect();
     if (healed_database != MyDatabaseId && outbox_heal_id_sequence())
         healed_database = MyDatabaseId;
-    outbox_writer_allocating();
     int64 id = outbox_insert_message(m);
     outbox_writer_wrote(id);
     SPI_finish();

@@ -21,8 +21,9 @@ void on_xact_event(XactEvent event, void *) {
     switch (event) {
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
-            // The rows are visible now: the relay's mark may pass them.
-            outbox_writer_done();
+            // The rows are visible now: a relay whose mark passed them while
+            // they were not goes back for them.
+            outbox_writer_done(true);
             if (rescan_in_this_transaction) {
                 rescan_in_this_transaction = false;
                 outbox_relay_rescan_from(MyDatabaseId, 0);
@@ -39,7 +40,7 @@ void on_xact_event(XactEvent event, void *) {
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
         case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere: the straggler scan finds it
-            outbox_writer_done();
+            outbox_writer_done(false);
             wrote_in_this_transaction = false;
             rescan_in_this_transaction = false;
             inbox_in_this_transaction = false;

@@ -11,7 +11,9 @@ extern "C" {
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_namespace.h"
 #include "executor/spi.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -23,6 +25,7 @@ extern "C" {
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/syscache.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
@@ -45,6 +48,9 @@ const struct {
     // never be chosen (CVE-2018-1058).  pg_temp is never searched for
     // functions or operators.
     {"search_path", "pg_catalog, pg_temp"},
+    // An ERROR a worker catches (a refused record, a failed handler) must
+    // not become a FATAL that restarts it into the same record for ever.
+    {"exit_on_error", "off"},
     {"statement_timeout", "0"},
     {"lock_timeout", "0"},
     {"idle_in_transaction_session_timeout", "0"},
@@ -107,14 +113,41 @@ void say_schema(OutboxWorker *w) {
     w->said_schema = state;
 }
 
+// Every statement of a worker names the extension's objects by the schema
+// "outbox", as the bootstrap superuser: while that name does not resolve to
+// a schema only superusers control, the worker serves nothing here (a
+// database owner could otherwise have it run the owner's triggers or
+// operators).  Says so once per change.
+bool say_unsafe(OutboxWorker *w, const char *why) {
+    if (!why) {
+        if (w->said_unsafe[0])
+            ereport(LOG, (errmsg("%s: schema \"outbox\" is safe again in database \"%s\"; "
+                                 "serving it",
+                                 w->label, w->dbname)));
+        w->said_unsafe[0] = '\0';
+        return true;
+    }
+    if (strcmp(w->said_unsafe, why) != 0) {
+        ereport(WARNING,
+                (errmsg("%s: not serving database \"%s\": schema \"outbox\" %s", w->label,
+                        w->dbname, why),
+                 errhint("Have a superuser own the extension's schema (ALTER SCHEMA ... OWNER TO) "
+                         "once you have checked what it holds, and name it \"outbox\" again; "
+                         "see the README, Security.")));
+        strlcpy(w->said_unsafe, why, sizeof w->said_unsafe);
+    }
+    return false;
+}
+
 }  // namespace
 
 namespace {
 
-// Reads the extension's row of pg_extension: its version and owner.
-void read_extension(int *version, Oid *owner) {
+// Reads the extension's row of pg_extension: its version, owner and schema.
+void read_extension(int *version, Oid *owner, Oid *schema = nullptr) {
     *version = 0;
     *owner = InvalidOid;
+    if (schema) *schema = InvalidOid;
     Relation rel = table_open(ExtensionRelationId, AccessShareLock);
     ScanKeyData key;
     ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
@@ -124,6 +157,7 @@ void read_extension(int *version, Oid *owner) {
     if (HeapTupleIsValid(tuple)) {
         auto *ext = reinterpret_cast<Form_pg_extension>(GETSTRUCT(tuple));
         *owner = ext->extowner;
+        if (schema) *schema = ext->extnamespace;
         bool isnull;
         Datum d = heap_getattr(tuple, Anum_pg_extension_extversion, RelationGetDescr(rel), &isnull);
         if (!isnull) *version = parse_version(TextDatumGetCString(d));
@@ -157,15 +191,32 @@ const char *outbox_worker_user_search_path(void) {
     return user_search_path ? user_search_path : "\"$user\", public";
 }
 
+const char *outbox_schema_unsafe(Oid extension_schema) {
+    Oid named = get_namespace_oid("outbox", true);
+    HeapTuple tuple = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(extension_schema));
+    if (!HeapTupleIsValid(tuple)) return "does not exist";
+    Oid owner = reinterpret_cast<Form_pg_namespace>(GETSTRUCT(tuple))->nspowner;
+    ReleaseSysCache(tuple);
+    if (!superuser_arg(owner))
+        return psprintf("is owned by role \"%s\", which is not a superuser",
+                        GetUserNameFromId(owner, true));
+    if (named != extension_schema)
+        return "is not the extension's schema (the extension's was renamed, and another took "
+               "its name)";
+    return nullptr;
+}
+
 bool outbox_worker_begin(OutboxWorker *w, const char *activity) {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
     SPI_connect();
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, activity);
-    w->schema = outbox_schema_version();
+    Oid owner, schema;
+    read_extension(&w->schema, &owner, &schema);
     say_schema(w);
-    if (w->schema >= w->kind->needs_schema) return true;
+    if (w->schema >= w->kind->needs_schema && say_unsafe(w, outbox_schema_unsafe(schema)))
+        return true;
     outbox_worker_commit(w);
     return false;
 }

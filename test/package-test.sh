@@ -20,7 +20,7 @@ restore() {
 trap restore EXIT
 
 # The files dpkg says it installed are the ones Postgres loads.
-for f in "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)/extension/outbox--1.2.sql" \
+for f in "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)/extension/outbox--1.3.sql" \
          "$("$PG_CONFIG" --sharedir)/extension/outbox.control"; do
   owner=$(dpkg -S "$f" | cut -d: -f1)
   [ "$owner" = postgresql-15-outbox ] || { echo "FAIL: $f belongs to '$owner'"; exit 1; }
@@ -41,7 +41,7 @@ stop() { pg "$BIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || tr
 trap stop EXIT
 psql=(runuser -u postgres -- "$BIN/psql" -h "$dir" -U postgres -X -q -At -v ON_ERROR_STOP=1)
 version=$("${psql[@]}" -c "CREATE EXTENSION outbox" -c "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
-[ "$version" = "1.2" ] || { echo "FAIL: extension version '$version'"; exit 1; }
+[ "$version" = "1.3" ] || { echo "FAIL: extension version '$version'"; exit 1; }
 "${psql[@]}" -c "SELECT outbox.write('order.events', 'k', '{}') IS NOT NULL" | grep -qx t
 "${psql[@]}" -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'" | grep -qx 1
 echo "package test passed: $(basename "$deb") installs, CREATE EXTENSION outbox gives $version, the relay runs"

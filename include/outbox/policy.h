@@ -12,6 +12,17 @@ namespace outbox::policy {
 inline constexpr int kRelayBackoffMinMs = 250;
 inline constexpr int kRelayBackoffMaxMs = 30000;
 
+// Most headers one message may carry (outbox.write*() refuses more, and
+// outbox.default_headers counts).
+inline constexpr int kMaxHeaders = 1000;
+
+// A message Kafka refused for good (too large, unknown topic or partition,
+// not authorised) waits this long for its next attempt, doubling with each
+// refusal, up to the cap; outbox.max_attempts refusals park it.  It holds
+// back only the later messages of its key.
+inline constexpr double kRefusedRetryBaseSeconds = 1;
+inline constexpr double kRefusedRetryCapSeconds = 60;
+
 // The relay stops claiming while this many batches' worth of records are in
 // flight (an outage): it only records late reports then.
 inline constexpr std::size_t kMaxBatchesInFlight = 4;
@@ -39,6 +50,16 @@ inline constexpr double kHandlerRetryCapSeconds = 300;
 // transaction, and gives a topic this long before the next topic's turn.
 inline constexpr int kMaxHandlerBatch = 1000;
 inline constexpr long kTopicSliceMs = 200;
+
+// ... and no more than this many bytes of records (the first always comes),
+// read from its claim this many rows at a time at most.
+inline constexpr int64_t kHandlerBatchBytes = 32 * 1024 * 1024;
+inline constexpr long kHandlerFetchRows = 32;
+
+// A handler call past outbox.inbox_handler_timeout is cancelled; one that
+// is still running this long after (it caught its cancellation) is ended
+// with its worker's process, and the call counts as a failed attempt.
+inline constexpr long kHandlerCancelGraceMs = 1000;
 
 // Retention deletes in transactions of this many rows; a pass stops after
 // kPassBudgetMs and resumes at once.  The scan for stragglers (rows the

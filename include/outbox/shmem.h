@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "utils/timestamp.h"
+#include "utils/uuid.h"
 }
 
 enum OutboxWorkerRole {
@@ -47,27 +48,25 @@ void outbox_stats_error(const char *text);
 
 // ---- the relay's low-water mark ----
 //
-// A relay claims from a low-water mark: every row below it is published or
-// parked, so the claim never walks the dead index entries that a long
-// snapshot (pg_dump, a report) keeps there.  What may still appear below
-// the mark: rows of transactions that have not committed yet.  Every
-// backend that writes through outbox.write*() says so here before its
-// first insert of a transaction (outbox_writer_allocating) and gives its
-// lowest id right after (outbox_writer_wrote); the commit callback clears
-// it.  The relay keeps its mark at or below every such id.  Rows inserted
-// any other way (COPY, a direct INSERT, COMMIT PREPARED) are found by the
-// maintenance worker's straggler scan, which lowers the mark again
+// A relay claims from a low-water mark: every row below it is published,
+// parked or waiting for a retry, so the claim never walks the dead index
+// entries that a long snapshot (pg_dump, a report) keeps there.  What may
+// still appear below the mark: rows of transactions that had not committed
+// when the mark passed their ids.  Every backend that writes through
+// outbox.write*() notes the lowest id its transaction inserted
+// (outbox_writer_wrote); its commit, once the rows are visible, lowers the
+// mark of every relay of the database to that id again (outbox_writer_done),
+// so the next claim takes them.  A transaction left open therefore holds
+// nothing back: the mark goes on past it.  Rows inserted any other way
+// (COPY, a direct INSERT, COMMIT PREPARED) are found by the maintenance
+// worker's straggler scan, which lowers the mark again
 // (outbox_relay_rescan_from), as outbox.retry() and outbox.replay() do.
 
-// Before this transaction's first outbox insert.
-void outbox_writer_allocating(void);
 // After each insert: `id` is the row's id.
 void outbox_writer_wrote(int64 id);
-// At the end of the transaction (commit, abort, prepare).
-void outbox_writer_done(void);
-// The lowest id of an uncommitted outbox insert in `database`, or
-// PG_INT64_MAX; *unsure when a writer is between announcing and inserting.
-int64 outbox_writers_lowest(Oid database, bool *unsure);
+// At the end of the transaction: `committed` (rows visible now), or not
+// (abort, prepare: COMMIT PREPARED runs elsewhere).
+void outbox_writer_done(bool committed);
 
 // Lowers the low-water mark of every relay of `database` to `id` (0: back
 // to the start); the relays apply it at their next claim.
@@ -78,6 +77,29 @@ int64 outbox_relay_take_rescan(void);
 // A relay publishes its mark; the straggler scan looks below the lowest.
 void outbox_relay_set_low_water(int64 low_water);
 int64 outbox_relays_lowest_low_water(Oid database);
+
+// ---- an inbox handler's call in progress ----
+//
+// A handler call can end its worker's process: a FATAL it raises (say with
+// exit_on_error on), or a call that ignored its cancellation and was ended.
+// The slot keeps the call's records across the restart, so that the next
+// process counts the call as a failed attempt (and parks the records after
+// outbox.max_attempts) instead of calling it again for ever.
+
+// Before a call: its records' event ids (uuid Datums).
+void outbox_call_begin(const Datum *event_ids, int n);
+// After it, however it ended without ending the process.
+void outbox_call_end(void);
+// The call is ending the process: why (`timed_out`: it ran past its time
+// and ignored its cancellation; that reason is kept over any later one).
+// Async-signal-safe for timed_out with a constant text.
+void outbox_call_note_end(const char *text, bool timed_out);
+// The process is stopping because it was asked to (SIGTERM): the call is
+// not counted, unless it had run past its time already.
+void outbox_call_forget_unless_timed_out(void);
+// For a handler that starts: the call its previous process did not finish,
+// if any: its n records (palloc'd) and why it ended.  Clears it.
+int outbox_call_take_unfinished(pg_uuid_t **ids, char *error, std::size_t len, bool *timed_out);
 
 // One slot's counters, copied out under its lock.
 struct OutboxSlotStats {

@@ -36,10 +36,11 @@ extern "C" {
 }
 
 // Schema versions as outbox_schema_version() gives them: 100 for 1.0, 110
-// for 1.1, 120 for 1.2; 0 when the extension is not installed.
+// for 1.1, 120 for 1.2, 130 for 1.3; 0 when the extension is not installed.
 inline constexpr int kOutboxSchema10 = 100;
 inline constexpr int kOutboxSchema11 = 110;
 inline constexpr int kOutboxSchema12 = 120;
+inline constexpr int kOutboxSchema13 = 130;
 
 struct OutboxWorker;
 
@@ -72,6 +73,7 @@ struct OutboxWorker {
     bool woken;         // the latch was set since the kind last cleared this
     int schema;         // the schema version the last outbox_worker_begin() saw
     int said_schema;    // the schema state last logged, to say each once
+    char said_unsafe[160];  // why schema "outbox" was last refused ("": it is not)
     void *state;        // the kind's own
 };
 
@@ -80,8 +82,9 @@ struct OutboxWorker {
 
 // Starts a transaction with SPI connected and a snapshot, reporting
 // `activity` in pg_stat_activity, and checks that the extension here is at
-// least the schema version the kind needs.  When it is not, ends the
-// transaction, says so in the log (once per change) and returns false.
+// least the schema version the kind needs, in a schema only superusers
+// control (outbox_schema_unsafe).  When it is not, ends the transaction,
+// says so in the log (once per change) and returns false.
 bool outbox_worker_begin(OutboxWorker *w, const char *activity);
 
 // Commits it; the turn's memory context is current again.
@@ -122,6 +125,12 @@ const char *outbox_worker_user_search_path(void);
 // The schema version of the extension in this database (see above).  Inside
 // a transaction.
 int outbox_schema_version(void);
+
+// Why the schema named "outbox" may not be used by name (nullptr: it may):
+// the extension's schema (`extension_schema`) is owned by a role that is
+// not a superuser, or the name resolves to another schema.  Inside a
+// transaction.
+const char *outbox_schema_unsafe(Oid extension_schema);
 
 // The role that owns the extension here (InvalidOid when not installed).
 // Inside a transaction.

@@ -44,9 +44,41 @@ struct Token {
     }
 };
 
-// Properties the relay sets itself, or whose other values would break the
-// delivery guarantees; nullptr when `p` may be set by the user.
+// A Kerberos name or keytab path librdkafka puts into its kinit command,
+// which a shell runs: only characters no shell gives a meaning to.
+bool shell_inert(const std::string &v) {
+    for (char c : v)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && !std::strchr("@._/+=:,-", c))
+            return false;
+    return true;
+}
+
+// Properties that make librdkafka run or load code of the setting's
+// choosing, in the workers (the bootstrap superuser) or in whichever backend
+// checks the setting: whoever may set one would be a superuser in effect.
+const char *runs_code(const Property &p) {
+    std::string n = p.name;
+    for (char &c : n) c = c == '_' ? '.' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (n == "plugin.library.paths")
+        return "plugin.library.paths loads a shared library into the server: it is refused";
+    if (n == "sasl.kerberos.kinit.cmd")
+        return "sasl.kerberos.kinit.cmd runs a shell command in the workers: it is refused (run "
+               "kinit outside the server, and set sasl.kerberos.min.time.before.relogin=0)";
+    if (n == "ssl.engine.location" || n == "ssl.providers")
+        return "ssl.engine.location and ssl.providers load code into the server: they are "
+               "refused";
+    if ((n == "sasl.kerberos.principal" || n == "sasl.kerberos.keytab" ||
+         n == "sasl.kerberos.service.name") &&
+        !shell_inert(p.value))
+        return "sasl.kerberos.principal, .keytab and .service.name go into the kinit command a "
+               "shell runs: only letters, digits and @._/+=:,- are accepted";
+    return nullptr;
+}
+
+// Properties the relay sets itself, whose other values would break the
+// delivery guarantees, or that run code; nullptr when `p` may be set.
 const char *forbidden(const Property &p) {
+    if (const char *why = runs_code(p)) return why;
     const std::string &n = p.name;
     if (n == "bootstrap.servers" || n == "metadata.broker.list")
         return "set outbox.brokers instead of bootstrap.servers in outbox.kafka_config";

@@ -127,19 +127,39 @@ char **outbox_inbox_retrying_keys(const char *topic, int *n) {
 }
 
 int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
-                       int nblocked, OutboxInboxClaim **rows) {
+                       int nblocked, int64 byte_budget, OutboxInboxClaim **rows) {
     std::size_t *blen = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (nblocked + 1)));
     for (int i = 0; i < nblocked; i++) blen[i] = strlen(blocked[i]);
     Datum values[5] = {Int32GetDatum(limit), CStringGetTextDatum(topic), Int32GetDatum(shares),
                        Int32GetDatum(share), outbox_text_array(blocked, blen, nblocked)};
-    int n = static_cast<int>(outbox_run(&claim_query, values, nullptr, limit));
-    auto *out = static_cast<OutboxInboxClaim *>(palloc(sizeof(OutboxInboxClaim) * (n + 1)));
-    for (int i = 0; i < n; i++) {
-        bool isnull;
-        out[i].row = outbox_col(i, sql::kClaimRow, &isnull);
-        out[i].event_id = outbox_col(i, sql::kClaimEventId, &isnull);
-        out[i].key = outbox_col_text(i, sql::kClaimKey);  // NULL stays nullptr
+    // Read a few rows at a time (one first, then as many as the budget left
+    // holds at the size seen so far, a few dozen at most), so that the
+    // records held at once stay near `byte_budget` (the first always
+    // comes).  The rows not read are not locked: they stay for a later
+    // claim.  Each row's bytes are its record's, whole.
+    Portal portal = outbox_open_cursor(&claim_query, values, nullptr);
+    auto *out = static_cast<OutboxInboxClaim *>(palloc(sizeof(OutboxInboxClaim) * (limit + 1)));
+    int n = 0;
+    int64 bytes = 0;
+    long chunk = 1;
+    while (n < limit && (n == 0 || bytes < byte_budget)) {
+        long want = Min(static_cast<long>(limit - n), chunk);
+        SPI_cursor_fetch(portal, true, want);
+        uint64 got = SPI_processed;
+        for (uint64 i = 0; i < got; i++) {
+            bool isnull;
+            OutboxInboxClaim &r = out[n++];
+            r.row = outbox_col(i, sql::kClaimRow, &isnull);
+            r.event_id = outbox_col(i, sql::kClaimEventId, &isnull);
+            r.key = outbox_col_text(i, sql::kClaimKey);  // NULL stays nullptr
+            bytes += SPI_tuptable->vals[i]->t_len;
+        }
+        if (static_cast<long>(got) < want) break;
+        int64 mean = Max(bytes / n, static_cast<int64>(1));
+        chunk = static_cast<long>(Min(static_cast<int64>(outbox::policy::kHandlerFetchRows),
+                                      Max(static_cast<int64>(1), (byte_budget - bytes) / mean)));
     }
+    SPI_cursor_close(portal);
     *rows = out;
     return n;
 }

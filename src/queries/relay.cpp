@@ -1,11 +1,14 @@
 #include "outbox/queries/relay.h"
 
+#include "outbox/policy.h"
+
 #include "outbox/queries/relay_sql.h"
 #include "outbox/queries/spi.h"
 #include "outbox/worker_common.h"
 
 extern "C" {
 #include "access/detoast.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "mb/pg_wchar.h"
 #include "utils/array.h"
@@ -22,23 +25,36 @@ namespace sql = outbox::sql::relay;
 namespace {
 
 OutboxQuery claim_query = {
-    "claiming pending messages", sql::kClaim, 5,
+    "claiming pending messages", sql::kClaim, 6,
+    {INT4OID, TEXTARRAYOID, INT4OID, INT4OID, INT8OID, BOOLOID}, SPI_OK_SELECT, nullptr};
+OutboxQuery claim_query_before_13 = {
+    "claiming pending messages", sql::kClaimBefore13, 5,
     {INT4OID, TEXTARRAYOID, INT4OID, INT4OID, INT8OID}, SPI_OK_SELECT, nullptr};
 OutboxQuery claim_query_before_12 = {
     "claiming pending messages", sql::kClaimBefore12, 5,
     {INT4OID, TEXTARRAYOID, INT4OID, INT4OID, INT8OID}, SPI_OK_SELECT, nullptr};
 OutboxQuery first_pending_query = {
-    "finding the first pending message", sql::kFirstPending, 1, {INT8OID}, SPI_OK_SELECT,
-    nullptr};
+    "finding the first pending message", sql::kFirstPending, 2, {INT8OID, BOOLOID},
+    SPI_OK_SELECT, nullptr};
+OutboxQuery first_pending_query_before_13 = {
+    "finding the first pending message", sql::kFirstPendingBefore13, 1, {INT8OID},
+    SPI_OK_SELECT, nullptr};
+OutboxQuery next_retry_query = {
+    "finding the next retry", sql::kNextRetry, 0, {}, SPI_OK_SELECT, nullptr};
+OutboxQuery first_due_query = {
+    "finding the retries due", sql::kFirstDue, 0, {}, SPI_OK_SELECT, nullptr};
 OutboxQuery mark_claimed_query = {
     "marking messages published", sql::kMarkClaimedPublished, 1, {TIDARRAYOID}, SPI_OK_UPDATE,
     nullptr};
 OutboxQuery mark_by_id_query = {
     "marking messages published", sql::kMarkPublished, 1, {INT8ARRAYOID}, SPI_OK_UPDATE, nullptr};
 OutboxQuery failures_query = {
-    "recording failed deliveries", sql::kRecordFailures, 5,
-    {INT8ARRAYOID, TEXTARRAYOID, BOOLARRAYOID, INT4OID, BOOLARRAYOID}, SPI_OK_UPDATE_RETURNING,
-    nullptr};
+    "recording failed deliveries", sql::kRecordFailures, 7,
+    {INT8ARRAYOID, TEXTOID, BOOLOID, INT4OID, BOOLOID, FLOAT8OID, FLOAT8OID},
+    SPI_OK_UPDATE_RETURNING, nullptr};
+OutboxQuery failures_query_before_13 = {
+    "recording failed deliveries", sql::kRecordFailuresBefore13, 5,
+    {INT8ARRAYOID, TEXTOID, BOOLOID, INT4OID, BOOLOID}, SPI_OK_UPDATE_RETURNING, nullptr};
 
 // Payloads bigger than this (as jsonb) are rendered in a subtransaction: one
 // too big to render (its text past 1 GB) is parked instead of failing the
@@ -137,10 +153,12 @@ void format_uuid(const pg_uuid_t *u, char *out) {
 }  // namespace
 
 void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int share,
-                        Datum skip_keys, int64 byte_budget, OutboxClaim *out) {
-    Datum values[5] = {Int32GetDatum(limit), skip_keys, Int32GetDatum(shares),
-                       Int32GetDatum(share), Int64GetDatum(low_water)};
-    OutboxQuery *q = schema >= kOutboxSchema12 ? &claim_query : &claim_query_before_12;
+                        Datum skip_keys, bool waiting, int64 byte_budget, OutboxClaim *out) {
+    Datum values[6] = {Int32GetDatum(limit), skip_keys, Int32GetDatum(shares),
+                       Int32GetDatum(share), Int64GetDatum(low_water), BoolGetDatum(!waiting)};
+    OutboxQuery *q = schema >= kOutboxSchema13   ? &claim_query
+                     : schema >= kOutboxSchema12 ? &claim_query_before_13
+                                                 : &claim_query_before_12;
     int n = static_cast<int>(outbox_run(q, values, nullptr, limit));
     out->n = 0;
     out->left = 0;
@@ -208,11 +226,27 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int 
     SPI_tuptable = tuples;
 }
 
-int64 outbox_relay_first_pending(int64 from) {
-    Datum values[1] = {Int64GetDatum(from)};
-    if (outbox_run(&first_pending_query, values, nullptr, 1) == 0) return -1;
+int64 outbox_relay_first_pending(int schema, int64 from, bool waiting) {
+    Datum values[2] = {Int64GetDatum(from), BoolGetDatum(!waiting)};
+    OutboxQuery *q =
+        schema >= kOutboxSchema13 ? &first_pending_query : &first_pending_query_before_13;
+    if (outbox_run(q, values, nullptr, 1) == 0) return -1;
     bool isnull;
     return DatumGetInt64(outbox_col(0, 1, &isnull));
+}
+
+TimestampTz outbox_relay_next_retry(void) {
+    outbox_run(&next_retry_query, nullptr, nullptr, 1);
+    bool isnull = true;
+    Datum d = outbox_col(0, 1, &isnull);
+    return isnull ? 0 : DatumGetTimestampTz(d);
+}
+
+int64 outbox_relay_first_due(void) {
+    outbox_run(&first_due_query, nullptr, nullptr, 1);
+    bool isnull = true;
+    Datum d = outbox_col(0, 1, &isnull);
+    return isnull ? -1 : DatumGetInt64(d);
 }
 
 int64 outbox_relay_last_id(void) {
@@ -248,29 +282,53 @@ void outbox_relay_mark_by_id(const int64 *ids, int n) {
     outbox_run(&mark_by_id_query, values, nullptr, 0);
 }
 
-int outbox_relay_record_failures(const int64 *ids, const char *const *errors,
-                                 const bool *permanent, const bool *park_now, int n,
-                                 int max_attempts, const char *label) {
-    if (n == 0) return 0;
-    Datum *texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-    Datum *flags = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-    Datum *now = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-    for (int i = 0; i < n; i++) {
-        texts[i] = CStringGetTextDatum(errors[i]);
-        flags[i] = BoolGetDatum(permanent[i]);
-        now[i] = BoolGetDatum(park_now[i]);
-    }
-    Datum values[5] = {outbox_int8_array(ids, n),
-                       PointerGetDatum(construct_array(texts, n, TEXTOID, -1, false, TYPALIGN_INT)),
-                       PointerGetDatum(construct_array(flags, n, BOOLOID, 1, true, TYPALIGN_CHAR)),
+namespace {
+
+// The failures of a batch, ordered so that those alike are next to each
+// other (qsort's comparator sees them through this).
+struct FailureOrder {
+    const char *const *errors;
+    const bool *permanent;
+    const bool *park_now;
+};
+const FailureOrder *failure_order;
+
+int compare_failures(const void *a, const void *b) {
+    int i = *static_cast<const int *>(a), j = *static_cast<const int *>(b);
+    const FailureOrder &o = *failure_order;
+    if (o.permanent[i] != o.permanent[j]) return o.permanent[i] ? 1 : -1;
+    if (o.park_now[i] != o.park_now[j]) return o.park_now[i] ? 1 : -1;
+    int c = strcmp(o.errors[i], o.errors[j]);
+    return c != 0 ? c : (i < j ? -1 : i > j);
+}
+
+// Records one kind of failure on `n` rows; logs each row parked now (rare,
+// never the payload).  Returns how many it parked.
+int record_failure_kind(int schema, const int64 *ids, int n, const char *error, bool permanent,
+                        bool park_now, int max_attempts, const char *label, int64 *first_parked,
+                        TimestampTz *next_due) {
+    Datum values[7] = {outbox_int8_array(ids, n),
+                       CStringGetTextDatum(error),
+                       BoolGetDatum(permanent),
                        Int32GetDatum(max_attempts),
-                       PointerGetDatum(construct_array(now, n, BOOLOID, 1, true, TYPALIGN_CHAR))};
-    uint64 rows = outbox_run(&failures_query, values, nullptr, 0);
-    // One line per message parked now (rare); never the payload.
+                       BoolGetDatum(park_now),
+                       Float8GetDatum(outbox::policy::kRefusedRetryBaseSeconds),
+                       Float8GetDatum(outbox::policy::kRefusedRetryCapSeconds)};
+    uint64 rows = outbox_run(schema >= kOutboxSchema13 ? &failures_query : &failures_query_before_13,
+                             values, nullptr, 0);
     int parked = 0;
     for (uint64 i = 0; i < rows; i++) {
         bool isnull;
+        Datum waits = outbox_col(i, sql::kFailureWaits, &isnull);
+        if (!isnull) {
+            const Interval *span = DatumGetIntervalP(waits);
+            TimestampTz due = GetCurrentStatementStartTimestamp() + span->time +
+                              static_cast<int64>(span->day) * USECS_PER_DAY;
+            if (*next_due == 0 || due < *next_due) *next_due = due;
+        }
         if (!DatumGetBool(outbox_col(i, sql::kFailureParkedNow, &isnull))) continue;
+        int64 id = DatumGetInt64(outbox_col(i, sql::kFailureId, &isnull));
+        *first_parked = Min(*first_parked, id);
         parked++;
         ereport(WARNING,
                 (errmsg("%s: parked message %s (topic \"%s\") after %s failed attempts", label,
@@ -279,6 +337,34 @@ int outbox_relay_record_failures(const int64 *ids, const char *const *errors,
                         outbox_col_text(i, sql::kFailureAttempts)),
                  errdetail("Last error: %s", outbox_col_text(i, sql::kFailureError)),
                  errhint("See outbox.parked_messages; outbox.retry(message_id) puts it back.")));
+    }
+    return parked;
+}
+
+}  // namespace
+
+int outbox_relay_record_failures(int schema, const int64 *ids, const char *const *errors,
+                                 const bool *permanent, const bool *park_now, int n,
+                                 int max_attempts, const char *label, int64 *first_parked,
+                                 TimestampTz *next_due) {
+    if (n == 0) return 0;
+    int *order = static_cast<int *>(palloc(sizeof(int) * n));
+    for (int i = 0; i < n; i++) order[i] = i;
+    FailureOrder o{errors, permanent, park_now};
+    failure_order = &o;
+    qsort(order, static_cast<size_t>(n), sizeof(int), compare_failures);
+    int64 *group = static_cast<int64 *>(palloc(sizeof(int64) * n));
+    int parked = 0;
+    for (int start = 0; start < n;) {
+        int first = order[start], len = 0;
+        int end = start;
+        while (end < n && permanent[order[end]] == permanent[first] &&
+               park_now[order[end]] == park_now[first] &&
+               strcmp(errors[order[end]], errors[first]) == 0)
+            group[len++] = ids[order[end++]];
+        parked += record_failure_kind(schema, group, len, errors[first], permanent[first],
+                                      park_now[first], max_attempts, label, first_parked, next_due);
+        start = end;
     }
     return parked;
 }

@@ -2,6 +2,7 @@
 
 #include "outbox/queries/retention_sql.h"
 #include "outbox/queries/spi.h"
+#include "outbox/worker_common.h"
 
 extern "C" {
 #include "catalog/pg_type.h"
@@ -24,7 +25,10 @@ OutboxQuery inbox_query = {
 OutboxQuery first_id_query = {"finding where old messages end", sql::kFirstIdSince, 1, {UUIDOID},
                               SPI_OK_SELECT, nullptr};
 OutboxQuery straggler_query = {"looking for pending messages below the relays' mark",
-                               sql::kStraggler, 1, {INT8OID}, SPI_OK_SELECT, nullptr};
+                               sql::kStraggler, 2, {INT8OID, BOOLOID}, SPI_OK_SELECT, nullptr};
+OutboxQuery straggler_query_before_13 = {"looking for pending messages below the relays' mark",
+                                         sql::kStragglerBefore13, 1, {INT8OID}, SPI_OK_SELECT,
+                                         nullptr};
 
 // The smallest version 7 UUID of time t's millisecond.
 pg_uuid_t *uuid7_floor(TimestampTz t) {
@@ -68,9 +72,10 @@ int64 outbox_retention_delete(OutboxRetention which, TimestampTz cutoff, int lim
     return static_cast<int64>(n);
 }
 
-int64 outbox_straggler_below(int64 below) {
-    Datum values[1] = {Int64GetDatum(below)};
-    if (outbox_run(&straggler_query, values, nullptr, 1) == 0) return -1;
+int64 outbox_straggler_below(int schema, int64 below, bool waiting) {
+    Datum values[2] = {Int64GetDatum(below), BoolGetDatum(!waiting)};
+    OutboxQuery *q = schema >= kOutboxSchema13 ? &straggler_query : &straggler_query_before_13;
+    if (outbox_run(q, values, nullptr, 1) == 0) return -1;
     bool isnull;
     return DatumGetInt64(outbox_col(0, 1, &isnull));
 }

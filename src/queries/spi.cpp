@@ -7,7 +7,9 @@ extern "C" {
 #include "utils/lsyscache.h"
 }
 
-uint64 outbox_run(OutboxQuery *q, const Datum *values, const char *nulls, long limit) {
+namespace {
+
+void prepare(OutboxQuery *q) {
     if (q->plan == nullptr) {
         // A generic plan, made once: the plan cache would otherwise plan
         // each call anew whenever it judges a custom plan cheaper, which
@@ -20,10 +22,24 @@ uint64 outbox_run(OutboxQuery *q, const Datum *values, const char *nulls, long l
         SPI_keepplan(plan);
         q->plan = plan;
     }
+}
+
+}  // namespace
+
+uint64 outbox_run(OutboxQuery *q, const Datum *values, const char *nulls, long limit) {
+    prepare(q);
     int rc = SPI_execute_plan(q->plan, const_cast<Datum *>(values), nulls, false, limit);
     if (rc != q->expected)
         elog(ERROR, "pg outbox: %s failed: %s", q->what, SPI_result_code_string(rc));
     return SPI_processed;
+}
+
+Portal outbox_open_cursor(OutboxQuery *q, const Datum *values, const char *nulls) {
+    prepare(q);
+    Portal portal = SPI_cursor_open(nullptr, q->plan, const_cast<Datum *>(values), nulls, false);
+    if (portal == nullptr)
+        elog(ERROR, "pg outbox: %s failed: %s", q->what, SPI_result_code_string(SPI_result));
+    return portal;
 }
 
 Datum outbox_col(uint64 row, int column, bool *isnull) {

@@ -116,6 +116,28 @@ TEST(KafkaConfig, CheckRejectsWhatWouldBreakTheGuarantees) {
     EXPECT_NE(check_error("transactional.id=x").find("transactional.id"), std::string::npos);
 }
 
+// Whoever may set one of these (a role granted ALTER SYSTEM on
+// outbox.kafka_config) would run code as the workers' superuser.
+TEST(KafkaConfig, CheckRefusesWhatRunsCode) {
+    EXPECT_NE(check_error("sasl.kerberos.kinit.cmd=touch /tmp/pwned").find("shell command"),
+              std::string::npos);
+    EXPECT_NE(check_error("sasl.kerberos.principal=x$(touch /tmp/pwned)").find("kinit"),
+              std::string::npos);
+    EXPECT_NE(check_error("sasl.kerberos.keytab=/tmp/k$(id)").find("kinit"), std::string::npos);
+    EXPECT_NE(check_error("ssl.engine.location=/tmp/x.so").find("load code"), std::string::npos);
+    EXPECT_NE(check_error("ssl.providers=/tmp/x.so").find("load code"), std::string::npos);
+    // Refused before librdkafka would load it (its own error says it tried).
+    char path[] = "/tmp/outbox-not-a-plugin.XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    std::string e = check_error((std::string("plugin.library.paths=") + path).c_str());
+    unlink(path);
+    EXPECT_NE(e.find("loads a shared library"), std::string::npos) << e;
+    EXPECT_NE(check_error("plugin_library_paths=/tmp/x").find("loads a shared library"),
+              std::string::npos);
+}
+
 TEST(KafkaConfig, CheckReportsSyntaxErrors) {
     EXPECT_NE(check_error("linger.ms").find("no '='"), std::string::npos);
 }
@@ -175,6 +197,14 @@ TEST(KafkaSecrets, FileGivesPropertiesLineByLine) {
     ASSERT_EQ(props.size(), 3u);
     EXPECT_EQ(props[1].name, "sasl.password");
     EXPECT_EQ(props[1].value, "s3cr;et\\x = y");  // taken as it is
+}
+
+TEST(KafkaSecrets, FileRefusesWhatRunsCode) {
+    SecretsFile f("sasl.kerberos.kinit.cmd=touch /tmp/pwned\n");
+    std::vector<Property> props;
+    std::string error;
+    EXPECT_FALSE(outbox::kafka::load_properties_file(f.path, props, error));
+    EXPECT_NE(error.find("shell command"), std::string::npos) << error;
 }
 
 TEST(KafkaSecrets, FileReadableByOthersIsRefused) {

@@ -50,10 +50,11 @@ struct OutboxInboxClaim {
 };
 
 // Claims up to `limit` unprocessed records of `topic` of share `share` of
-// `shares`, skipping `blocked` keys, in arrival order (SPI memory, valid
-// until SPI_finish).
+// `shares`, skipping `blocked` keys, in arrival order, and no more than
+// `byte_budget` bytes of them (the first always comes).  SPI memory, valid
+// until SPI_finish.
 int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
-                       int nblocked, OutboxInboxClaim **rows);
+                       int nblocked, int64 byte_budget, OutboxInboxClaim **rows);
 
 void outbox_inbox_done(const Datum *event_ids, int n);
 

@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "storage/itemptr.h"
+#include "utils/timestamp.h"
 }
 
 struct OutboxClaim {
@@ -27,11 +28,19 @@ struct OutboxClaim {
 // UTF-8 whatever the server's encoding, no more than `byte_budget` bytes of
 // values in all (the first row always goes).  A row whose payload cannot be
 // rendered gets Record::error instead.  `schema`: outbox_schema_version().
+// `waiting`: some message may wait for a retry (schema 1.3): the claim then
+// skips the rows that wait and the later rows of their keys.
 void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int share,
-                        Datum skip_keys, int64 byte_budget, OutboxClaim *out);
+                        Datum skip_keys, bool waiting, int64 byte_budget, OutboxClaim *out);
 
-// The first pending (unparked) row at or above `from`, or -1.
-int64 outbox_relay_first_pending(int64 from);
+// The first pending (unparked) row at or above `from` that a claim may take
+// (`waiting` as for the claim), or -1.
+int64 outbox_relay_first_pending(int schema, int64 from, bool waiting);
+
+// Messages waiting for a retry (schema 1.3): when the next is due (0: none
+// waits), and the lowest id of those due now (-1: none).
+TimestampTz outbox_relay_next_retry(void);
+int64 outbox_relay_first_due(void);
 
 // The last id the message id sequence handed out (0 before the first).
 int64 outbox_relay_last_id(void);
@@ -43,7 +52,11 @@ void outbox_relay_mark_by_id(const int64 *ids, int n);
 
 // Counts a failed attempt on each row, keeps its error text, parks it when
 // `park_now` or when Kafka refused it for good (`permanent`) for the
-// max_attempts-th time; logs each row it parks; returns how many.
-int outbox_relay_record_failures(const int64 *ids, const char *const *errors,
+// max_attempts-th time (before that, on schema 1.3, it waits for its next
+// attempt); logs each row it parks; returns how many.  *first_parked: the
+// lowest id parked now (else unchanged); *next_due: the earliest retry it
+// set (else unchanged).
+int outbox_relay_record_failures(int schema, const int64 *ids, const char *const *errors,
                                  const bool *permanent, const bool *park_now, int n,
-                                 int max_attempts, const char *label);
+                                 int max_attempts, const char *label, int64 *first_parked,
+                                 TimestampTz *next_due);

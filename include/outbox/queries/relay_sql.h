@@ -5,20 +5,47 @@
 
 namespace outbox::sql::relay {
 
+// A pending row the claim may take when messages wait for a retry: it is
+// not waiting itself (or its retry is due), and no earlier message of its
+// key waits (a refused message holds its key's later ones back, in order,
+// until it goes through or is parked).  One probe of the small
+// ix_outbox_message_waiting per row, and only while something waits.
+#define OUTBOX_CLAIMABLE                                                                 \
+    "(m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now())"               \
+    " AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key"           \
+    " AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())"
+
 // The claim: pending rows in id order from the worker's low-water mark $5
-// (below it everything is published or parked: the dead index entries left
-// there are never walked again), skipping rows another transaction holds,
-// parked rows, keys that still have records in flight ($2: a key's next
-// record waits for the one before it), and keys outside this worker's share
-// ($4 of $3: each key always goes through the same worker, so its records
-// stay in order).  The payload comes as jsonb: the relay renders it within
-// a byte budget.  specs/relay_claim.spec runs this exact text.
+// (below it everything is published, parked or waiting: the dead index
+// entries left there are never walked again), skipping rows another
+// transaction holds, parked rows, keys that still have records in flight
+// ($2: a key's next record waits for the one before it; NOT IN a subquery
+// hashes them once, where <> ALL would compare each row with every key),
+// keys outside this worker's share ($4 of $3: each key always goes through
+// the same worker, so its records stay in order), and, unless $6 says
+// nothing waits, rows
+// that wait for a retry or behind one (OUTBOX_CLAIMABLE).  The payload
+// comes as jsonb: the relay renders it within a byte budget.
+// specs/relay_claim.spec runs this exact text.
 inline constexpr const char kClaim[] =
+    "SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid,"
+    " is_binary, key_bytes, value, kafka_partition"
+    " FROM outbox.outbox_message m"
+    " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5"
+    " AND key NOT IN (SELECT pg_catalog.unnest($2))"
+    " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
+    " AND ($6 OR " OUTBOX_CLAIMABLE ")"
+    " ORDER BY id LIMIT $1"
+    " FOR UPDATE SKIP LOCKED";
+
+// The same claim on schema 1.2 (before ALTER EXTENSION outbox UPDATE): no
+// message waits for a retry there.
+inline constexpr const char kClaimBefore13[] =
     "SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid,"
     " is_binary, key_bytes, value, kafka_partition"
     " FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5"
-    " AND key <> ALL($2)"
+    " AND key NOT IN (SELECT pg_catalog.unnest($2))"
     " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
@@ -30,7 +57,7 @@ inline constexpr const char kClaimBefore12[] =
     " false, NULL::bytea, NULL::bytea, NULL::integer"
     " FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5"
-    " AND key <> ALL($2)"
+    " AND key NOT IN (SELECT pg_catalog.unnest($2))"
     " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
@@ -49,13 +76,30 @@ enum ClaimColumn {
     kClaimPartition,
 };
 
-// The first pending (unparked) row at or above $1, of any share: where the
-// next claim may start.  A short walk, from the mark to that row; rows of
-// the other workers' shares only ever keep the mark lower than it could be.
+// The first pending (unparked) row at or above $1, of any share, that a
+// claim may take ($2: nothing waits for a retry): where the next claim may
+// start.  A short walk, from the mark to that row; rows of the other
+// workers' shares only ever keep the mark lower than it could be.  Rows
+// that wait are passed: the relay lowers its mark again when one is due.
 inline constexpr const char kFirstPending[] =
+    "SELECT id FROM outbox.outbox_message m"
+    " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1"
+    " AND ($2 OR " OUTBOX_CLAIMABLE ")"
+    " ORDER BY id LIMIT 1";
+
+inline constexpr const char kFirstPendingBefore13[] =
     "SELECT id FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1"
     " ORDER BY id LIMIT 1";
+
+// When the next message that waits for a retry is due (NULL: none waits),
+// and the lowest id among those due now: the relay's mark goes back there.
+inline constexpr const char kNextRetry[] =
+    "SELECT min(next_attempt_at) FROM outbox.outbox_message"
+    " WHERE published_at IS NULL AND next_attempt_at IS NOT NULL";
+inline constexpr const char kFirstDue[] =
+    "SELECT min(id) FROM outbox.outbox_message"
+    " WHERE published_at IS NULL AND next_attempt_at <= pg_catalog.now()";
 
 // Marks the rows of this transaction's claim that Kafka acknowledged, by
 // their ctid (a TID scan: no index lookup).  Only for rows this transaction
@@ -73,21 +117,35 @@ inline constexpr const char kMarkPublished[] =
     "UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp()"
     " WHERE id = ANY($1) AND published_at IS NULL";
 
-// Counts a failed attempt and keeps librdkafka's error text, per row; a row
-// Kafka refused for good ($3) for the $4th time is parked, and so is a row
-// the relay cannot send at all ($5: it could not even be rendered).  Returns
-// the rows, so that the relay can log what it parked.  (m.id = ANY($1)
-// makes every plan look the rows up by id.)
+// Counts a failed attempt on rows $1 that failed alike: librdkafka's error
+// text $2, Kafka refused them for good ($3), or the relay cannot send them
+// at all ($5: they could not even be rendered).  A row refused for good for
+// the $4th time is parked, and so is one the relay cannot send; one refused
+// for good before that waits for its next attempt: $6 seconds, doubling
+// with each refusal, up to $7.  Returns the rows, so that the relay can log
+// what it parked and learn when the next is due (how long each waits).
+// The relay runs it once per kind of failure of a batch: each row is looked
+// up by id, never joined with the other failures (a batch Kafka refused
+// whole is thousands of rows).
 inline constexpr const char kRecordFailures[] =
-    "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = f.error,"
-    " parked_at = CASE WHEN f.park_now OR (f.permanent AND m.attempts + 1 >= $4)"
-    " THEN pg_catalog.statement_timestamp() ELSE m.parked_at END"
-    " FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),"
-    " pg_catalog.unnest($5))"
-    " AS f(id, error, permanent, park_now)"
-    " WHERE m.id = ANY($1) AND m.id = f.id AND m.published_at IS NULL"
+    "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = $2,"
+    " parked_at = CASE WHEN $5 OR ($3 AND m.attempts + 1 >= $4)"
+    " THEN pg_catalog.statement_timestamp() ELSE m.parked_at END,"
+    " next_attempt_at = CASE WHEN $3 AND NOT $5 AND m.attempts + 1 < $4"
+    " THEN pg_catalog.statement_timestamp() + pg_catalog.make_interval(secs => LEAST($7::float8,"
+    " $6::float8 * pg_catalog.power(2::float8, m.attempts::float8))) END"
+    " WHERE m.id = ANY($1) AND m.published_at IS NULL"
     " RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now,"
-    " m.last_error";
+    " m.last_error, m.id, m.next_attempt_at - pg_catalog.statement_timestamp() AS waits";
+
+// The same on schema 1.2: a refused row is claimed again at once.
+inline constexpr const char kRecordFailuresBefore13[] =
+    "UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = $2,"
+    " parked_at = CASE WHEN $5 OR ($3 AND m.attempts + 1 >= $4)"
+    " THEN pg_catalog.statement_timestamp() ELSE m.parked_at END"
+    " WHERE m.id = ANY($1) AND m.published_at IS NULL"
+    " RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now,"
+    " m.last_error, m.id, NULL::interval";
 
 enum FailureColumn {
     kFailureMessageId = 1,
@@ -95,6 +153,8 @@ enum FailureColumn {
     kFailureAttempts,
     kFailureParkedNow,
     kFailureError,
+    kFailureId,
+    kFailureWaits,
 };
 
 }  // namespace outbox::sql::relay

@@ -23,5 +23,7 @@ int64 outbox_retention_delete(OutboxRetention which, TimestampTz cutoff, int lim
 
 // The lowest pending (unparked) outbox row below `below`, or -1: a row the
 // relays' low-water mark passed without seeing it (inserted without
-// outbox.write*(), or committed by COMMIT PREPARED).
-int64 outbox_straggler_below(int64 below);
+// outbox.write*(), or committed by COMMIT PREPARED).  Unless nothing is
+// `waiting` for a retry, rows that wait and the rows behind them are not
+// stragglers (the mark passes them on purpose).
+int64 outbox_straggler_below(int schema, int64 below, bool waiting);

@@ -2,6 +2,8 @@
 // C++: texts only.
 #pragma once
 
+#include "outbox/queries/relay_sql.h"  // OUTBOX_CLAIMABLE
+
 namespace outbox::sql::retention {
 
 // Old rows, a batch at a time, oldest first.  Each locks only the rows it
@@ -40,8 +42,17 @@ inline constexpr const char kFirstIdSince[] =
     " ORDER BY message_id LIMIT 1";
 
 // The relays' low-water mark passed rows it never saw if one of these
-// exists: pending, not parked, below the lowest mark ($1).
+// exists: pending, not parked, below the lowest mark ($1), and unless
+// nothing waits for a retry ($2), neither waiting nor behind a message of
+// its key that waits (the mark passes those on purpose).
 inline constexpr const char kStraggler[] =
+    "SELECT id FROM outbox.outbox_message m"
+    " WHERE published_at IS NULL AND parked_at IS NULL AND id < $1"
+    " AND ($2 OR " OUTBOX_CLAIMABLE ")"
+    " ORDER BY id LIMIT 1";
+
+// The same on a schema before 1.3 (no message waits there).
+inline constexpr const char kStragglerBefore13[] =
     "SELECT id FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id < $1"
     " ORDER BY id LIMIT 1";

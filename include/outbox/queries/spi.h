@@ -29,6 +29,11 @@ struct OutboxQuery {
 // q->what when the result is not q->expected.
 uint64 outbox_run(OutboxQuery *q, const Datum *values, const char *nulls, long limit);
 
+// The same statement as a cursor, for a caller that reads its rows a few
+// at a time (SPI_cursor_fetch) and stops early; close it with
+// SPI_cursor_close.
+Portal outbox_open_cursor(OutboxQuery *q, const Datum *values, const char *nulls);
+
 // Column `column` (1-based) of row `row` of the last result.
 Datum outbox_col(uint64 row, int column, bool *isnull);
 // The same, as a palloc'd C string (nullptr for NULL).

@@ -1,10 +1,56 @@
--- pg outbox 1.2: the whole schema, as CREATE EXTENSION outbox installs it.
+-- pg outbox 1.3: the whole schema, as CREATE EXTENSION outbox installs it.
 -- The schema "outbox" is created by CREATE EXTENSION (outbox.control:
--- schema = outbox).  Databases on an earlier version move here with
--- ALTER EXTENSION outbox UPDATE (outbox--1.0--1.1.sql, outbox--1.1--1.2.sql);
--- the upgrade test checks that both ways give the same objects.
+-- schema = outbox); one that exists already is refused unless no role but
+-- a superuser controls it (below).  Databases on an earlier version move
+-- here with ALTER EXTENSION outbox UPDATE (outbox--1.0--1.1.sql,
+-- outbox--1.1--1.2.sql, outbox--1.2--1.3.sql); the upgrade test checks that
+-- both ways give the same objects.
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
+
+-- The extension's schema must be one that no other role controls
+-- (CVE-2022-2625, CVE-2023-39417): a superuser owns it, no other role may
+-- create in it, and nothing in it belongs to a role that is not a
+-- superuser.  Otherwise nothing is installed or changed: every name below
+-- would resolve into it.  Every operator here is pg_catalog's, by name.
+DO $guard$
+DECLARE
+    why text;
+BEGIN
+    SELECT CASE
+             WHEN NOT o.rolsuper THEN
+                 pg_catalog.format('it is owned by role %I, which is not a superuser', o.rolname)
+             WHEN EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
+                            LEFT JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+                           WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+                             AND NOT coalesce(g.rolsuper, false)) THEN
+                 'a role that is not a superuser may create objects in it'
+             WHEN EXISTS (SELECT FROM pg_catalog.pg_depend d
+                            JOIN pg_catalog.pg_shdepend s
+                              ON s.classid OPERATOR(pg_catalog.=) d.classid
+                             AND s.objid OPERATOR(pg_catalog.=) d.objid
+                             AND s.deptype OPERATOR(pg_catalog.=) 'o'
+                             AND s.dbid OPERATOR(pg_catalog.=)
+                                 (SELECT b.oid FROM pg_catalog.pg_database b
+                                   WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                            JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) s.refobjid
+                           WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                             AND d.refobjid OPERATOR(pg_catalog.=) n.oid
+                             AND NOT r.rolsuper) THEN
+                 'it holds objects of a role that is not a superuser'
+           END
+      INTO why
+      FROM pg_catalog.pg_namespace n
+      JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'outbox';
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'pg outbox: schema "outbox" is not the extension''s own: %', why
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop that schema, or have a superuser own it after checking what it '
+                         'holds, and run the command again (see the README, Security).';
+    END IF;
+END
+$guard$;
 
 -- Nothing in this schema is granted to PUBLIC.  A service role gets
 --   GRANT USAGE ON SCHEMA outbox TO svc;
@@ -38,12 +84,24 @@ CREATE TABLE outbox.outbox_message (
     is_binary     boolean     NOT NULL DEFAULT false,
     key_bytes     bytea,
     value         bytea,
-    kafka_partition integer
+    kafka_partition integer,
+    -- A message Kafka refused for good waits until then for its next
+    -- attempt; the later messages of its key wait behind it, every other
+    -- message goes on (NULL: not waiting).
+    next_attempt_at timestamptz
 );
 
 -- The relay scans only this index: it holds the pending rows, in id order.
 CREATE INDEX ix_outbox_message_unpublished ON outbox.outbox_message (id)
     WHERE published_at IS NULL;
+
+-- The few messages waiting for a retry after Kafka refused them: the
+-- relay finds the keys they hold back, and when the next one is due,
+-- without walking the pending rows.
+CREATE INDEX ix_outbox_message_waiting ON outbox.outbox_message (key, id)
+    WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
+CREATE INDEX ix_outbox_message_retry_at ON outbox.outbox_message (next_attempt_at)
+    WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
 
 -- outbox.replay() finds a window of created_at through this (a few pages
 -- for millions of rows; rows are written in time order).
@@ -249,7 +307,7 @@ BEGIN
         RAISE EXCEPTION 'outbox.retry: message_id must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    UPDATE outbox.outbox_message m SET parked_at = NULL, attempts = 0
+    UPDATE outbox.outbox_message m SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
      WHERE m.message_id = retry.message_id
        AND m.parked_at IS NOT NULL AND m.published_at IS NULL;
     IF FOUND THEN
@@ -274,7 +332,7 @@ AS $$
 DECLARE
     n bigint;
 BEGIN
-    UPDATE outbox.outbox_message m SET parked_at = NULL, attempts = 0
+    UPDATE outbox.outbox_message m SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
      WHERE m.parked_at IS NOT NULL AND m.published_at IS NULL
        AND (retry_parked.topic IS NULL OR m.topic = retry_parked.topic);
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -405,7 +463,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE outbox.outbox_message m
-       SET published_at = NULL, attempts = 0, last_error = NULL
+       SET published_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
      WHERE m.published_at IS NOT NULL
        AND m.created_at >= replay.since AND m.created_at < replay.until
        AND (replay.topic IS NULL OR m.topic = replay.topic);
