@@ -76,13 +76,7 @@ Size shared_size() {
     return add_size(MAXALIGN(workers_size()), mul_size(sizeof(WriterSlot), MaxBackends));
 }
 
-int my_writer_index() {
-#if PG_VERSION_NUM >= 170000
-    return MyProcNumber;
-#else
-    return MyBackendId - 1;
-#endif
-}
+int my_writer_index() { return outbox::pg::my_backend_index(); }
 
 WriterSlot *my_writer() {
     int i = my_writer_index();

@@ -19,6 +19,9 @@ fi
 bash scripts/install-deps.sh
 bash scripts/build.sh
 
+echo "== a build against an unsupported PostgreSQL stops with one line"
+bash test/version-check.sh
+
 echo "== unit tests (GoogleTest)"
 (cd build && ctest --output-on-failure --timeout 300)
 
