@@ -18,9 +18,9 @@ rm -rf dist
 bash scripts/build-deb.sh >/dev/null
 deb=$(ls dist/${PACKAGE}_*_amd64.deb)
 echo "package: $deb"
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "./$deb" >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 "./$deb" >/dev/null
 restore() {
-  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq "$PACKAGE" >/dev/null 2>&1 || true
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq -o DPkg::Lock::Timeout=600 "$PACKAGE" >/dev/null 2>&1 || true
   make -s install PG_CONFIG="$PG_CONFIG" >/dev/null
 }
 trap restore EXIT
