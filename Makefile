@@ -51,3 +51,12 @@ $(shell mkdir -p $(sort $(dir $(OBJS))))
 endif
 
 $(OBJS): $(wildcard $(SRC_ROOT)/include/outbox/*.h $(SRC_ROOT)/include/outbox/*/*.h)
+
+# A server version the code does not support (include/outbox/pg_compat.h)
+# stops the build before anything compiles, with that header's one #error
+# line, instead of a page of errors from every file.
+.PHONY: pg_version_check
+pg_version_check:
+	@out=$$($(CXX) -E -x c++ $(CPPFLAGS) -include outbox/pg_compat.h /dev/null -o /dev/null 2>&1) || \
+	  { echo "$$out" | grep -m1 'error' >&2; exit 1; }
+$(OBJS): | pg_version_check

@@ -146,6 +146,18 @@ CREATE INDEX ix_inbox_message_unprocessed_topic ON outbox.inbox_message (topic, 
 -- A subscription records who subscribed; its handler runs as the
 -- function's owner (see outbox.inbox_subscribe).
 ALTER TABLE outbox.inbox_subscription RENAME COLUMN run_as TO owner;
+-- PostgreSQL 18 keeps each NOT NULL as a constraint named after its column
+-- when it was made: give it the name a fresh 1.2 has (earlier versions keep
+-- no such constraint).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_constraint
+                WHERE conrelid OPERATOR(pg_catalog.=) 'outbox.inbox_subscription'::pg_catalog.regclass
+                  AND conname OPERATOR(pg_catalog.=) 'inbox_subscription_run_as_not_null') THEN
+        ALTER TABLE outbox.inbox_subscription
+            RENAME CONSTRAINT inbox_subscription_run_as_not_null TO inbox_subscription_owner_not_null;
+    END IF;
+END $$;
 REVOKE ALL ON outbox.inbox_subscription FROM PUBLIC;
 -- 1.1 let whoever could write the table subscribe, and said so: take back
 -- every such grant, or a role could still write a row naming any owner.

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Builds the Debian package postgresql-15-outbox_<version>_amd64.deb from
+# Builds the Debian packages postgresql-NN-outbox_<version>_amd64.deb from
 # debian/ (Debian's conventions for PostgreSQL extensions: pg_buildext,
-# debian/pgversions), in a copy of the tree; the package lands in dist/.
+# debian/pgversions), in a copy of the tree; the packages land in dist/.
+# One package per PostgreSQL version that is both in debian/pgversions
+# (15, 17, 18) and supported by the machine's postgresql-common: 15 on
+# Debian 12, 17 on Debian 13, 18 on unstable.
 #   sudo scripts/build-deb.sh
 #   sudo apt-get install ./dist/postgresql-15-outbox_*.deb
-# Needs root on Debian 12 to install the build dependencies it lacks.
+#   scripts/build-deb.sh --list-deps   the build dependencies, comma-separated
+# Needs root to install the build dependencies it lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 BUILD_DEPS=(debhelper dpkg-dev fakeroot postgresql-server-dev-all librdkafka-dev nlohmann-json3-dev g++ make)
+if [ "${1:-}" = --list-deps ]; then
+  (IFS=,; echo "${BUILD_DEPS[*]}")
+  exit 0
+fi
 missing=()
 for p in "${BUILD_DEPS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages pg outbox needs to build, test and demo.
-# Idempotent: does nothing when everything is already there.  Needs root.
+# Installs the Debian packages pg outbox needs to build, test and demo, for
+# one PostgreSQL major version: PG_MAJOR, else the one PG_CONFIG names,
+# else 15 (Debian 12's).  Idempotent: does nothing when everything is
+# already there.  Needs root.
+#   scripts/install-deps.sh          install what is missing
+#   scripts/install-deps.sh --list   print the packages, comma-separated
+#                                    (test/pgtree.sh makes its trees with them)
 set -euo pipefail
 
+if [ -z "${PG_MAJOR:-}" ]; then
+  if [ -n "${PG_CONFIG:-}" ] && [ -x "$PG_CONFIG" ]; then
+    PG_MAJOR=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+  else
+    PG_MAJOR=15
+  fi
+fi
+
 PACKAGES=(
-  postgresql-15 postgresql-server-dev-15   # the server, PGXS, pg_regress, isolation tester
+  "postgresql-$PG_MAJOR" "postgresql-server-dev-$PG_MAJOR"  # the server, PGXS, pg_regress, isolation tester
   librdkafka-dev nlohmann-json3-dev        # the extension's dependencies
   g++ make cmake pkg-config libgtest-dev   # building, unit tests
   kcat                                     # the demo shows Kafka records with it
   python3 python3-psycopg2 python3-confluent-kafka  # end-to-end test driver
   libipc-run-perl                          # Postgres TAP modules
 )
+
+if [ "${1:-}" = --list ]; then
+  (IFS=,; echo "${PACKAGES[*]}")
+  exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

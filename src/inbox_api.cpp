@@ -126,13 +126,7 @@ Datum outbox_inbox_subscribe(PG_FUNCTION_ARGS) {
                  errdetail("A handler runs as the role that owns it (\"%s\"): only that role, a "
                            "member of it, or a superuser may subscribe it.",
                            role_name(function_owner))));
-#if PG_VERSION_NUM >= 160000
-    bool owner_may_execute =
-        object_aclcheck(ProcedureRelationId, handler, function_owner, ACL_EXECUTE) == ACLCHECK_OK;
-#else
-    bool owner_may_execute = pg_proc_aclcheck(handler, function_owner, ACL_EXECUTE) == ACLCHECK_OK;
-#endif
-    if (!owner_may_execute)
+    if (!outbox::pg::may_execute_function(handler, function_owner))
         ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
                         errmsg("%s: role \"%s\" may not execute its own function %s", fn,
                                role_name(function_owner), name)));

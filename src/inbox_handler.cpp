@@ -117,13 +117,7 @@ bool key_in(const char *key, char **keys, int n) {
     return false;
 }
 
-bool may_execute(Oid handler, Oid role) {
-#if PG_VERSION_NUM >= 160000
-    return object_aclcheck(ProcedureRelationId, handler, role, ACL_EXECUTE) == ACLCHECK_OK;
-#else
-    return pg_proc_aclcheck(handler, role, ACL_EXECUTE) == ACLCHECK_OK;
-#endif
-}
+bool may_execute(Oid handler, Oid role) { return outbox::pg::may_execute_function(handler, role); }
 
 // The timeout that ends a call which ignored its cancellation, and the
 // log hook that notes why a call ends the process.

@@ -79,6 +79,8 @@ const struct {
 void pin_session_settings() {
     for (const auto &p : kPinned)
         SetConfigOption(p.name, p.value, PGC_SUSET, PGC_S_SESSION);
+    for (const auto &p : outbox::pg::kVersionPinned)
+        if (p[0]) SetConfigOption(p[0], p[1], PGC_SUSET, PGC_S_SESSION);
 }
 
 // outbox.wal_compression, for this worker's own session only; at start
@@ -358,22 +360,14 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     pgstat_report_appname(appname);
     outbox_slot_attach(w->slot, role, w->share, MyDatabaseId);
 
-#if PG_VERSION_NUM >= 170000
-    w->wait_set = CreateWaitEventSet(nullptr, 3);
-#else
-    w->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
-#endif
+    w->wait_set = outbox::pg::create_process_wait_set(3);
     AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
     AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
     if (kind->kafka_pipe) {
         if (pipe2(w->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
             ereport(FATAL, (errmsg("%s: could not create a pipe: %m", w->label)));
         AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr, nullptr);
-#if PG_VERSION_NUM >= 170000
-        w->kafka_wait_set = CreateWaitEventSet(nullptr, 2);
-#else
-        w->kafka_wait_set = CreateWaitEventSet(TopMemoryContext, 2);
-#endif
+        w->kafka_wait_set = outbox::pg::create_process_wait_set(2);
         AddWaitEventToSet(w->kafka_wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr,
                           nullptr);
         AddWaitEventToSet(w->kafka_wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr,

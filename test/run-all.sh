@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test of pg outbox: C++ unit tests (ctest), pg_regress and
-# isolation tests (make installcheck, on a temporary instance), and the
-# end-to-end tests against the project's test broker.
+# isolation tests (make installcheck, on a temporary instance), the
+# end-to-end tests against the project's test broker, and the Debian
+# package.
 #
-# As root on a fresh Debian 12 machine it first installs what is missing,
+# As root on a fresh Debian machine it first installs what is missing,
 # builds and installs the extension.  Postgres itself always runs as the
-# `postgres` user.
+# `postgres` user.  PG_CONFIG picks the PostgreSQL version (15, Debian 12's,
+# by default); test/pgtree.sh runs this script for 17 and 18 in Debian trees
+# made for them.  OUTBOX_E2E names the end-to-end suites to run (e.g.
+# "test_relay test_inbox"; default: every test/e2e/test_*.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -13,16 +17,24 @@ PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 export PG_CONFIG
 
 if [ "$(id -u)" -ne 0 ]; then
-  exec sudo --preserve-env=PG_CONFIG "$0" "$@"
+  exec sudo --preserve-env=PG_CONFIG,OUTBOX_E2E "$0" "$@"
 fi
 
+MAJOR=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+SECONDS=0
+step() { echo "== [PG $MAJOR, ${SECONDS}s] $*"; }
+
+step "dependencies and build"
 bash scripts/install-deps.sh
 bash scripts/build.sh
 
-echo "== unit tests (GoogleTest)"
+step "a build against an unsupported PostgreSQL stops with one line"
+bash test/version-check.sh
+
+step "unit tests (GoogleTest)"
 (cd build && ctest --output-on-failure --timeout 300)
 
-echo "== pg_regress and isolation tests (make installcheck)"
+step "pg_regress and isolation tests (make installcheck)"
 # pg_regress writes results next to the tests and initdb refuses root:
 # run a postgres-owned copy of the tree.
 regress_dir=$(mktemp -d /tmp/pg_outbox_regress.XXXXXX)
@@ -34,10 +46,20 @@ if ! runuser -u postgres -- make -s -C "$regress_dir" installcheck PG_CONFIG="$P
   exit 1
 fi
 
-echo "== end-to-end tests (test broker + Postgres + real consumer)"
-OUTBOX_BUILD_DIR="$ROOT/build" /usr/bin/python3 -m unittest discover -s test/e2e -p 'test_*.py' -v
+step "end-to-end tests (test broker + Postgres + real consumer)"
+export OUTBOX_BUILD_DIR="$ROOT/build" OUTBOX_PG_BIN
+OUTBOX_PG_BIN=$("$PG_CONFIG" --bindir)
+if [ -z "${OUTBOX_E2E:-}" ]; then
+  /usr/bin/python3 -m unittest discover -s test/e2e -p 'test_*.py' -v
+else
+  for suite in $OUTBOX_E2E; do
+    step "end-to-end: $suite"
+    [ -f "test/e2e/$suite.py" ] || { echo "no end-to-end suite test/e2e/$suite.py" >&2; exit 1; }
+    /usr/bin/python3 -m unittest discover -s test/e2e -p "$suite.py" -v
+  done
+fi
 
-echo "== the Debian package (build, apt-get install, CREATE EXTENSION from the installed files)"
+step "the Debian package (build, apt-get install, CREATE EXTENSION and a write() from the installed files)"
 bash test/package-test.sh
 
-echo "== all tests passed"
+step "all tests passed"

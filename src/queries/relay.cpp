@@ -252,7 +252,7 @@ int64 outbox_relay_first_due(void) {
 int64 outbox_relay_last_id(void) {
     Oid nsp = get_namespace_oid("outbox", false);
     Oid rel = get_relname_relid("outbox_message", nsp);
-    Oid seq = OidIsValid(rel) ? getIdentitySequence(rel, 1, true) : InvalidOid;
+    Oid seq = OidIsValid(rel) ? outbox::pg::identity_sequence(rel, 1) : InvalidOid;
     if (!OidIsValid(seq)) return 0;
     LOCAL_FCINFO(fcinfo, 1);
     InitFunctionCallInfoData(*fcinfo, nullptr, 1, InvalidOid, nullptr, nullptr);

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Builds and tests pg outbox for another PostgreSQL major version, in a
+# Debian tree made for it with mmdebstrap (the machine's own apt sources are
+# never touched), then removes the tree:
+#   test/pgtree.sh trixie   PostgreSQL 17 (Debian 13), librdkafka 2.8
+#   test/pgtree.sh sid      PostgreSQL 18 (unstable), librdkafka 2.14; with
+#                           trixie's 17 beside it for the 17 -> 18 move
+# In the tree, as root, test/run-all.sh runs: the build, the unit tests,
+# pg_regress and isolation, the end-to-end suites of OUTBOX_E2E (default:
+# the tree subset below) against the test broker built there, and the
+# Debian package of that version.  sid also runs test/major-upgrade-test.sh.
+# OUTBOX_TREE_DIR picks where the tree goes; --keep keeps it.  Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+suite=${1:?usage: test/pgtree.sh trixie|sid [--keep]}
+keep=${2:-}
+MIRROR=http://deb.debian.org/debian
+
+# The end-to-end suites each tree runs: delivery and order, faults, the
+# inbox, the workers' life cycle, hostile roles, encodings, backups.  The
+# rest (test_operations, test_inbox_scale, test_native) run on 15 only
+# (README, Tests).
+E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_encoding test_backup}
+
+case $suite in
+  trixie) major=17; upgrade_from=; sources=("deb $MIRROR trixie main") ;;
+  sid) major=18; upgrade_from=17; sources=("deb $MIRROR sid main" "deb $MIRROR trixie main") ;;
+  *) echo "pgtree: unknown suite '$suite' (trixie or sid)" >&2; exit 2 ;;
+esac
+tree=${OUTBOX_TREE_DIR:-/tmp/outbox-tree-$suite}
+SECONDS=0
+say() { echo "== [pgtree $suite, ${SECONDS}s] $*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "pgtree: needs root (mmdebstrap, chroot)" >&2
+  exit 1
+fi
+command -v mmdebstrap >/dev/null ||
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+
+# Processes still running in the tree (a failed test's server or broker)
+# hold its mounts: end them, by their root directory, before unmounting.
+cleanup() {
+  local rc=$?
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$tree" ] && kill -9 "${p#/proc/}" 2>/dev/null
+  done
+  sleep 0.5
+  for m in "$tree/dev/shm" "$tree/proc"; do
+    mountpoint -q "$m" && umount "$m"
+  done
+  if [ "$keep" = --keep ]; then
+    say "tree kept in $tree"
+  elif ! mountpoint -q "$tree/proc" && ! mountpoint -q "$tree/dev/shm"; then
+    rm -rf "$tree"
+  else
+    echo "pgtree: $tree is still mounted: not removed" >&2
+  fi
+  say "done (exit $rc)"
+}
+
+pkgs="$(PG_MAJOR=$major bash scripts/install-deps.sh --list),$(bash scripts/build-deb.sh --list-deps)"
+[ -n "$upgrade_from" ] && pkgs+=",postgresql-$upgrade_from,postgresql-server-dev-$upgrade_from"
+say "making the tree ($tree): PostgreSQL $major${upgrade_from:+ and $upgrade_from}"
+rm -rf "$tree"
+trap cleanup EXIT
+# sid's index may carry an expired Valid-Until.
+mmdebstrap --quiet --variant=apt --aptopt='Acquire::Check-Valid-Until "false"' --include="$pkgs" \
+  "$suite" "$tree" "${sources[@]}"
+mount -t proc proc "$tree/proc"
+mount -t tmpfs -o mode=1777 shm "$tree/dev/shm"
+
+# The sources as they are here (tracked and new files, not build outputs).
+mkdir "$tree/src"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - -- | tar -xf - -C "$tree/src"
+else
+  tar --exclude=./build --exclude=./.git --exclude=./dist -cf - . | tar -xf - -C "$tree/src"
+fi
+say "tree made: $(chroot "$tree" dpkg-query -W -f='${Package} ${Version}\n' "postgresql-$major" librdkafka1 | tr '\n' ' ')"
+
+in_tree() {
+  chroot "$tree" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" OUTBOX_E2E="$E2E" "$@"
+}
+in_tree bash /src/test/run-all.sh
+if [ -n "$upgrade_from" ]; then
+  say "PostgreSQL $upgrade_from -> $major"
+  in_tree bash /src/test/major-upgrade-test.sh "$upgrade_from" "$major"
+fi
+say "all tests passed on PostgreSQL $major"
