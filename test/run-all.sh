@@ -34,7 +34,11 @@ if ! runuser -u postgres -- make -s -C "$regress_dir" installcheck PG_CONFIG="$P
   exit 1
 fi
 
-echo "== end-to-end tests (test broker + Postgres + real consumer)"
+echo "== Apache Kafka for the real-Kafka tier (Maven Central, into the local Maven cache)"
+# Resolved once here so that a cold cache's download is timed apart from the tests.
+time mvn -q -B -f test/kafka/pom.xml dependency:build-classpath -Dmdep.outputFile=/dev/null
+
+echo "== end-to-end tests (test broker + Postgres + real consumer; Apache Kafka: test_real_kafka)"
 OUTBOX_BUILD_DIR="$ROOT/build" /usr/bin/python3 -m unittest discover -s test/e2e -p 'test_*.py' -v
 
 echo "== the Debian package (build, apt-get install, CREATE EXTENSION from the installed files)"
