@@ -10,12 +10,12 @@ transaction-state topics replicated 3 with min ISR 2.
 
 As a command:
 
-    test/kafka/cluster.py [--nodes 3] [--auto-create] [--sasl]
+    test/kafka/cluster.py [--nodes 3] [--auto-create] [--sasl] [--stop-on-eof]
 
 starts the cluster, waits until it really serves (a DescribeCluster through
 Java's admin client lists every broker), prints `bootstrap=<servers>` and
-waits; on SIGTERM, SIGINT or end of standard input it stops every node and
-removes every file it made.
+waits; on SIGTERM, SIGINT (or, with --stop-on-eof, the end of standard
+input) it stops every node and removes every file it made.
 
 As a module: KafkaCluster(nodes=3).start() ... .stop().
 """
@@ -345,6 +345,12 @@ class KafkaCluster:
                 raise AssertionError(f"{topic}: replicas not back in sync after {timeout}s")
             time.sleep(1)
 
+    def group_offsets(self, group):
+        """partition -> the group's committed offset."""
+        up = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.running())
+        return {int(p): int(o) for p, o in
+                (line.split("\t") for line in java_tool("group-offsets", up, group).splitlines())}
+
     def dump(self, topic):
         """Every record of the topic, read by Java's consumer: a list of dicts of bytes."""
         records = []
@@ -372,6 +378,7 @@ def main():
                     help="let producers create topics (the default with one node)")
     ap.add_argument("--sasl", action="store_true",
                     help="also a SASL_SSL (SCRAM-SHA-512) listener, with a CA made by openssl")
+    ap.add_argument("--stop-on-eof", action="store_true", help="stop when standard input ends")
     args = ap.parse_args()
     t0 = time.monotonic()
     cluster = KafkaCluster(nodes=args.nodes, auto_create=args.auto_create, sasl=args.sasl)
@@ -385,7 +392,8 @@ def main():
             print(f"sasl_bootstrap={cluster.sasl_bootstrap}", flush=True)
             print(f"ca={cluster.tls.ca}", flush=True)
         print(f"ready in {time.monotonic() - t0:.1f}s; logs in {cluster.dir}", file=sys.stderr, flush=True)
-        threading.Thread(target=lambda: (sys.stdin.read(), stopping.set()), daemon=True).start()
+        if args.stop_on_eof:
+            threading.Thread(target=lambda: (sys.stdin.read(), stopping.set()), daemon=True).start()
         while not stopping.is_set() and len(cluster.running()) == cluster.n:
             stopping.wait(1)
     finally:
