@@ -388,5 +388,110 @@ class SaslTest(RealKafkaTest):
                         result["duplicates"], result["order_violations"], 1))
 
 
+INBOX_SCHEMA = """
+CREATE EXTENSION IF NOT EXISTS outbox;
+CREATE TABLE handled (event_id uuid PRIMARY KEY, key text NOT NULL, n int NOT NULL);
+CREATE FUNCTION handle(msg outbox.inbox_message) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO handled VALUES (msg.event_id, msg.key, (msg.payload->>'n')::int);
+$$;
+SELECT outbox.inbox_subscribe('rk.inbox', 'handle(outbox.inbox_message)');
+"""
+
+
+@unittest.skipUnless(ENABLED, "no java/mvn (OUTBOX_REAL_KAFKA=0 or not installed)")
+class InboxGroupTest(unittest.TestCase):
+    """Two Postgres servers in one outbox.inbox_group against Kafka's group coordinator."""
+
+    def setUp(self):
+        conf = {"outbox.brokers": f"'{KAFKA.bootstrap}'", "outbox.inbox": "on",
+                "outbox.inbox_topics": "'rk.inbox'", "outbox.inbox_group": "'rk7'",
+                "outbox.batch_size": 500}
+        self.servers = []
+        for name in ("a", "b"):
+            pg = PgCluster(conf, name=f"outbox-realkafka-inbox-{name}")
+            self.servers.append(pg)
+            pg.start()
+            pg.sql(INBOX_SCHEMA)
+
+    def tearDown(self):
+        for pg in self.servers:
+            pg.destroy()
+
+    def count(self, pg, q):
+        try:
+            return pg.scalar(q)
+        except Exception:
+            return None
+
+    def test_7_inbox_group_rebalance_and_broker_restart(self):
+        """Every record stored once and handled once across the group, through a member's
+        stop and start (two rebalances) and a broker's restart; committed offsets kept."""
+        topic = "rk.inbox"
+        KAFKA.create_topic(topic, partitions=4)
+        a, b = self.servers
+        total = 6000
+        conn = a.connect()
+        conn.autocommit = False
+
+        def write(start, n):
+            with conn.cursor() as cur:
+                for i in range(start, start + n):
+                    cur.execute("SELECT outbox.write(%s, %s, %s::jsonb)",
+                                (topic, f"k{i % 50}", json.dumps({"n": i})))
+                    if i % 100 == 99:
+                        conn.commit()
+            conn.commit()
+
+        write(0, 2000)
+        wait_until(lambda: (self.count(a, "SELECT count(*) FROM outbox.inbox_message") or 0) > 0
+                   and (self.count(b, "SELECT count(*) FROM outbox.inbox_message") or 0) > 0,
+                   180, interval=1, what="both servers storing records (one group, shared partitions)")
+        b.stop()                 # a rebalance: a takes every partition
+        write(2000, 2000)
+        time.sleep(5)
+        b.start()                # another: b gets its share back
+        node = KAFKA.ids[-1]
+        KAFKA.stop_node(node)    # a broker restart (it may host the group coordinator)
+        write(4000, 2000)
+        KAFKA.start_node(node)
+        KAFKA.wait_isr(topic)
+        conn.close()
+        published = {r[0] for r in a.sql("SELECT message_id::text FROM outbox.outbox_message "
+                                          "WHERE published_at IS NOT NULL")}
+
+        def stored():
+            ids = []
+            for pg in self.servers:
+                ids += [r[0] for r in pg.sql("SELECT event_id::text FROM outbox.inbox_message")]
+            return ids
+
+        wait_until(lambda: len(a.sql("SELECT 1 FROM outbox.outbox_message WHERE published_at IS NULL")) == 0,
+                   300, interval=1, what="every message published")
+        published = {r[0] for r in a.sql("SELECT message_id::text FROM outbox.outbox_message")}
+        wait_until(lambda: published <= set(stored()), 300, interval=1, what="every record stored")
+        wait_until(lambda: all(pg.scalar("SELECT count(*) FROM outbox.inbox_message WHERE NOT processed") == 0
+                               for pg in self.servers), 300, interval=1, what="every record handled")
+        ids = stored()
+        handled = []
+        for pg in self.servers:
+            handled += [r[0] for r in pg.sql("SELECT event_id::text FROM handled")]
+        per_server = [pg.scalar("SELECT count(*) FROM outbox.inbox_message") for pg in self.servers]
+        stored_twice = len(ids) - len(set(ids))
+        handled_twice = len(handled) - len(set(handled))
+        # Committed offsets kept: the group's position is at the end of every partition.
+        ends = {p: end for p, (_, _, end) in KAFKA.describe(topic).items()}
+        offsets = KAFKA.group_offsets("rk7-postgres")
+        print(f"\n[real kafka] inbox: written {total}, stored {len(set(ids))} (a {per_server[0]}, "
+              f"b {per_server[1]}), stored twice {stored_twice}, handled twice {handled_twice}, "
+              f"offsets {offsets} ends {ends}", file=sys.stderr)
+        RESULTS.append(("7_inbox_group_rebalance_broker_restart", total, len(set(ids) & published),
+                        len(published - set(ids)), stored_twice, 0, 0))
+        self.assertEqual(len(published), total)
+        self.assertEqual(set(ids), published)
+        self.assertEqual(sorted(handled), sorted(set(ids)))
+        self.assertEqual(stored_twice, 0)
+        self.assertEqual(handled_twice, 0)
+        self.assertEqual(offsets, ends)
+
 if __name__ == "__main__":
     unittest.main()

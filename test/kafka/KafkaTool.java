@@ -8,6 +8,7 @@
 //   deny-write <bootstrap> <topic> <principal>   a DENY WRITE ACL (StandardAuthorizer)
 //   quorum-leader <bootstrap>                    the active controller's node id
 //   describe <bootstrap> <topic>                 per partition: id, leader, ISR size, end offset
+//   group-offsets <bootstrap> <group>           partition TAB committed offset, per partition
 //   dump <bootstrap> <topic>                     every record, from the beginning to the end
 //                                                offsets as of the call, one line each
 //
@@ -69,6 +70,13 @@ public class KafkaTool {
                 break;
             case "dump": dump(a[1], a[2]); break;
             case "describe": describe(a[1], a[2]); break;
+            case "group-offsets":
+                try (Admin ad = admin(a[1])) {
+                    var m = ad.listConsumerGroupOffsets(a[2]).partitionsToOffsetAndMetadata().get();
+                    for (var e : m.entrySet())
+                        System.out.println(e.getKey().partition() + "\t" + e.getValue().offset());
+                }
+                break;
             default: throw new IllegalArgumentException("unknown command " + a[0]);
         }
     }
