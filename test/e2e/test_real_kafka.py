@@ -14,6 +14,7 @@ OUTBOX_REAL_KAFKA=0 skips it. At the end it prints one line per scenario:
 """
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -386,6 +387,48 @@ class SaslTest(RealKafkaTest):
                           result["mismatched"]), (600, 0, 0, 0))
         RESULTS.append((f"6_sasl_ssl_{SASL_MECHANISM}_acl_wrong_password", 601, result["delivered"], 0,
                         result["duplicates"], result["order_violations"], 1))
+
+    def test_8_bad_settings_then_corrected(self):
+        """Broker addresses that resolve to nothing, a broker certificate our CA did not sign,
+        a SASL mechanism the broker does not enable: each a clear error in worker_stats and
+        the log, no secret, nothing parked or lost; corrected and reloaded, it publishes."""
+        topic = "rk.badinput"
+        KAFKA.create_topic(topic, partitions=3)
+        good_config = self.settings["outbox.kafka_config"]
+        other_ca = KAFKA.tls.self_signed("other-ca")
+        cases = [
+            ("unresolvable brokers", {"outbox.brokers": "'no-such-broker.invalid:9092'"},
+             "(?i)resolve"),
+            ("a CA that did not sign the broker", {"outbox.kafka_config": good_config.replace(
+                KAFKA.tls.ca, other_ca)}, "(?i)certificate verify failed"),
+            ("a SASL mechanism the broker does not enable", {"outbox.kafka_config": good_config.replace(
+                f"sasl.mechanism={SASL_MECHANISM}", "sasl.mechanism=SCRAM-SHA-256")}, "(?i)mechanism"),
+        ]
+        written = 0
+        for what, bad, pattern in cases:
+            self.pg.append_conf(bad)
+            self.pg.reload()
+            self.write_n(topic, 100, written)
+            written += 100
+            wait_until(lambda: re.search(pattern, self.relay_error()), 180,
+                       interval=1, what=f"the error of {what} in outbox.worker_stats")
+            error = self.relay_error()
+            print(f"\n[real kafka] {what}: {error!r}", file=sys.stderr)
+            stats = self.pg.stats()
+            self.assertGreater(stats["pending"], 0, what)
+            self.assertEqual(stats["parked"], 0, what)
+            self.assertNotIn(SECRET, error)
+            self.assertNotIn(SECRET, self.pg.log())
+            self.pg.append_conf({"outbox.brokers": f"'{KAFKA.sasl_bootstrap}'",
+                                 "outbox.kafka_config": good_config})
+            self.pg.reload()
+            self.settled(300)
+        result = verify(KAFKA.dump(topic), committed_rows(self.pg, topic))
+        self.assertEqual((result["written"], result["delivered"], result["lost"],
+                          result["order_violations"], result["mismatched"]), (300, 300, 0, 0, 0))
+        self.assertEqual(self.parked(), 0)
+        RESULTS.append(("8_bad_settings_corrected", 300, result["delivered"], 0,
+                        result["duplicates"], result["order_violations"], 0))
 
 
 INBOX_SCHEMA = """
