@@ -52,6 +52,9 @@ KAFKA = None
 SPECIAL = {(c, n): "clé — ü 😀 " + str(n) for c in range(CLIENTS) for n in range(7, PER_CLIENT, 97)}
 
 
+STARTED = time.monotonic()
+
+
 def setUpModule():
     global KAFKA
     if ENABLED:
@@ -64,6 +67,7 @@ def setUpModule():
 def tearDownModule():
     if KAFKA:
         KAFKA.stop()
+        print(f"\n[real kafka] the tier took {time.monotonic() - STARTED:.0f} s", file=sys.stderr)
     if RESULTS:
         print("\nscenario written delivered lost duplicates order_violations parked", file=sys.stderr)
         for r in RESULTS:
@@ -268,6 +272,25 @@ class FailoverTest(RealKafkaTest):
             KAFKA.start_node(i)
         KAFKA.wait_isr(topic)
         self.finish("4_two_down_min_isr", topic, max_duplicates=IN_FLIGHT_BOUND)
+
+    def test_4b_not_enough_replicas_with_the_quorum_up(self):
+        """A topic with min.insync.replicas=3 and one broker down: the controller quorum holds,
+        the leaders answer NOT_ENOUGH_REPLICAS; messages wait, none parked, all published after."""
+        topic = "rk.isr3"
+        KAFKA.create_topic(topic, partitions=6, min_insync_replicas=3)
+        self.write(topic)
+        self.at_progress(0.2)
+        down = KAFKA.ids[0]
+        KAFKA.kill_node(down)
+        time.sleep(25)
+        stats = self.pg.stats()
+        self.assertGreater(stats["pending"], 0)
+        self.assertEqual(stats["parked"], 0)
+        print(f"\n[real kafka] ISR 2 < 3: pending {stats['pending']}, "
+              f"last_error {stats['last_error']!r}", file=sys.stderr)
+        KAFKA.start_node(down)
+        KAFKA.wait_isr(topic)
+        self.finish("4b_one_down_topic_min_isr_3", topic, max_duplicates=IN_FLIGHT_BOUND)
 
 
 class RefusalTest(RealKafkaTest):
