@@ -480,7 +480,15 @@ class InboxGroupTest(unittest.TestCase):
             pg.sql(INBOX_SCHEMA)
 
     def tearDown(self):
+        failed = RealKafkaTest._outcome_failed(self)
         for pg in self.servers:
+            if failed:
+                try:
+                    print(pg.sql("SELECT role, processed, broker_state, last_error "
+                                 "FROM outbox.worker_stats"), file=sys.stderr)
+                except Exception:
+                    pass
+                print(pg.log()[-4000:], file=sys.stderr)
             pg.destroy()
 
     def count(self, pg, q):
@@ -495,7 +503,6 @@ class InboxGroupTest(unittest.TestCase):
         topic = "rk.inbox"
         KAFKA.create_topic(topic, partitions=4)
         a, b = self.servers
-        total = 6000
         conn = a.connect()
         conn.autocommit = False
 
@@ -508,18 +515,30 @@ class InboxGroupTest(unittest.TestCase):
                         conn.commit()
             conn.commit()
 
-        write(0, 2000)
-        wait_until(lambda: (self.count(a, "SELECT count(*) FROM outbox.inbox_message") or 0) > 0
-                   and (self.count(b, "SELECT count(*) FROM outbox.inbox_message") or 0) > 0,
-                   180, interval=1, what="both servers storing records (one group, shared partitions)")
+        def both_store():
+            return all((self.count(pg, "SELECT count(*) FROM outbox.inbox_message") or 0) > 0
+                       for pg in self.servers)
+
+        # Write until both members have stored records: the second may join the group only
+        # after the first has consumed what was there.
+        written = 0
+        deadline = time.monotonic() + 300
+        while written < 2000 or not both_store():
+            self.assertLess(time.monotonic(), deadline, "both servers storing records")
+            write(written, 200)
+            written += 200
+            time.sleep(0.5)
         b.stop()                 # a rebalance: a takes every partition
-        write(2000, 2000)
+        write(written, 2000)
+        written += 2000
         time.sleep(5)
         b.start()                # another: b gets its share back
         node = KAFKA.ids[-1]
         KAFKA.stop_node(node)    # a broker restart (it may host the group coordinator)
-        write(4000, 2000)
+        write(written, 2000)
+        written += 2000
         KAFKA.start_node(node)
+        total = written
         KAFKA.wait_isr(topic)
         conn.close()
         published = {r[0] for r in a.sql("SELECT message_id::text FROM outbox.outbox_message "
