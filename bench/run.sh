@@ -4,6 +4,8 @@
 # figures (medians of several runs, with min-max, and ratios to ceilings).
 #   bench/run.sh            # full: 5 runs each, ~10 minutes
 #   bench/run.sh --quick    # smoke: 2 short runs
+#   bench/run.sh --real-kafka [--quick]   # drain, latency, writers: test broker beside a
+#                                         # 3-node Apache Kafka (bench/real_kafka.py)
 # The table is also saved in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +16,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bash scripts/install-deps.sh
 bash scripts/build.sh
+if [ "${1:-}" = --real-kafka ]; then
+  shift
+  OUTBOX_BUILD_DIR="$PWD/build" exec /usr/bin/python3 bench/real_kafka.py "$@"
+fi
 OUTBOX_BUILD_DIR="$PWD/build" /usr/bin/python3 bench/bench.py "$@"

@@ -5,6 +5,8 @@
 #   shared_preload_libraries = 'outbox', runs an order service's CreateOrder flow in
 #   SQL (some transactions rolled back on purpose) and shows the records
 #   that reached Kafka with kcat.
+# Kafka is Apache Kafka itself, one KRaft node from Maven Central
+# (test/kafka/cluster.py); --mock uses the project's test broker instead (no Java).
 # KEEP=1 leaves the broker and the cluster running afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,16 +36,30 @@ cleanup() {
     return
   fi
   pg "$BIN/pg_ctl" -D "$DEMO/data" -m fast stop >/dev/null 2>&1 || true
-  kill "$BROKER_PID" 2>/dev/null || true
+  kill "$BROKER_PID" 2>/dev/null && wait "$BROKER_PID" 2>/dev/null || true
 }
 
-echo "== starting the test Kafka broker (librdkafka's mock cluster, see test/broker/)"
-build/outbox_test_broker --topic order.events:4 --bootstrap-file "$DEMO/bootstrap" \
-  --control "$DEMO/broker.sock" >/dev/null 2>"$DEMO/broker.log" &
-BROKER_PID=$!
-trap cleanup EXIT
-for _ in $(seq 100); do [ -s "$DEMO/bootstrap" ] && break; sleep 0.1; done
-BOOTSTRAP=$(cat "$DEMO/bootstrap")
+if [ "${1:-}" = --mock ]; then
+  echo "== starting the test Kafka broker (librdkafka's mock cluster, see test/broker/)"
+  build/outbox_test_broker --topic order.events:4 --bootstrap-file "$DEMO/bootstrap" \
+    --control "$DEMO/broker.sock" >/dev/null 2>"$DEMO/broker.log" &
+  BROKER_PID=$!
+  trap cleanup EXIT
+  for _ in $(seq 100); do [ -s "$DEMO/bootstrap" ] && break; sleep 0.1; done
+  BOOTSTRAP=$(cat "$DEMO/bootstrap")
+else
+  echo "== starting Apache Kafka, one KRaft node (test/kafka/cluster.py; Maven Central on first run)"
+  started=$SECONDS
+  /usr/bin/python3 test/kafka/cluster.py --nodes 1 >"$DEMO/kafka.out" 2>"$DEMO/kafka.log" &
+  BROKER_PID=$!
+  trap cleanup EXIT
+  until grep -q '^bootstrap=' "$DEMO/kafka.out" 2>/dev/null; do
+    kill -0 "$BROKER_PID" 2>/dev/null || { cat "$DEMO/kafka.log"; exit 1; }
+    sleep 0.2
+  done
+  BOOTSTRAP=$(sed -n 's/^bootstrap=//p' "$DEMO/kafka.out")
+  echo "   Kafka serves after $((SECONDS - started)) s"
+fi
 echo "   bootstrap servers: $BOOTSTRAP"
 
 echo "== starting Postgres 15 with the extension preloaded ($DEMO/data, port $PORT)"

@@ -23,6 +23,7 @@ PACKAGES=(
   kcat                                     # the demo shows Kafka records with it
   python3 python3-psycopg2 python3-confluent-kafka  # end-to-end test driver
   libipc-run-perl                          # Postgres TAP modules
+  openjdk-17-jdk-headless maven openssl    # the real-Kafka tier: Apache Kafka from Maven Central
 )
 
 if [ "${1:-}" = --list ]; then

@@ -46,7 +46,13 @@ if ! runuser -u postgres -- make -s -C "$regress_dir" installcheck PG_CONFIG="$P
   exit 1
 fi
 
-step "end-to-end tests (test broker + Postgres + real consumer)"
+if [ -z "${OUTBOX_E2E:-}" ] || [[ " $OUTBOX_E2E " == *" test_real_kafka "* ]]; then
+  step "Apache Kafka for the real-Kafka tier (Maven Central, into the local Maven cache)"
+  # Resolved once here so that a cold cache's download is timed apart from the tests.
+  time mvn -q -B -f test/kafka/pom.xml dependency:build-classpath -Dmdep.outputFile=/dev/null
+fi
+
+step "end-to-end tests (test broker + Postgres + real consumer; Apache Kafka: test_real_kafka)"
 export OUTBOX_BUILD_DIR="$ROOT/build" OUTBOX_PG_BIN
 OUTBOX_PG_BIN=$("$PG_CONFIG" --bindir)
 if [ -z "${OUTBOX_E2E:-}" ]; then
