@@ -97,9 +97,13 @@ inline constexpr const char kFirstPendingBefore13[] =
 inline constexpr const char kNextRetry[] =
     "SELECT min(next_attempt_at) FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND next_attempt_at IS NOT NULL";
+// (OFFSET 0 keeps the planner from reading min(id) off the index of all
+// pending rows in id order, a walk of the whole backlog: the due rows come
+// from ix_outbox_message_retry_at.)
 inline constexpr const char kFirstDue[] =
-    "SELECT min(id) FROM outbox.outbox_message"
-    " WHERE published_at IS NULL AND next_attempt_at <= pg_catalog.now()";
+    "SELECT min(d.id) FROM (SELECT id FROM outbox.outbox_message"
+    " WHERE published_at IS NULL AND next_attempt_at IS NOT NULL"
+    " AND next_attempt_at <= pg_catalog.now() OFFSET 0) d";
 
 // Marks the rows of this transaction's claim that Kafka acknowledged, by
 // their ctid (a TID scan: no index lookup).  Only for rows this transaction
