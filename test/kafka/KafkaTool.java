@@ -113,10 +113,16 @@ public class KafkaTool {
         NewTopic t = new NewTopic(a[2], Integer.parseInt(a[3]), Short.parseShort(a[4])).configs(configs);
         try (Admin ad = admin(a[1])) {
             ad.createTopics(List.of(t)).all().get();
-            // Wait until every broker's metadata has the topic's leaders.
-            for (int i = 0; i < 100; i++) {
-                TopicDescription d = ad.describeTopics(List.of(a[2])).allTopicNames().get().get(a[2]);
-                if (d.partitions().stream().allMatch(p -> p.leader() != null && p.leader().id() >= 0)) return;
+            // Wait until every broker's metadata has the topic's leaders.  A
+            // broker that has not heard of the topic yet answers "unknown
+            // topic" for a while (seen on a loaded machine): ask again.
+            for (int i = 0; i < 300; i++) {
+                try {
+                    TopicDescription d = ad.describeTopics(List.of(a[2])).allTopicNames().get().get(a[2]);
+                    if (d.partitions().stream().allMatch(p -> p.leader() != null && p.leader().id() >= 0)) return;
+                } catch (java.util.concurrent.ExecutionException e) {
+                    if (!(e.getCause() instanceof org.apache.kafka.common.errors.UnknownTopicOrPartitionException)) throw e;
+                }
                 Thread.sleep(100);
             }
         }
