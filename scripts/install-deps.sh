@@ -23,8 +23,13 @@ PACKAGES=(
   kcat                                     # the demo shows Kafka records with it
   python3 python3-psycopg2 python3-confluent-kafka  # end-to-end test driver
   libipc-run-perl                          # Postgres TAP modules
-  openjdk-17-jdk-headless maven openssl    # the real-Kafka tier: Apache Kafka from Maven Central
 )
+# The real-Kafka tier (Apache Kafka from Maven Central) and the demo run on
+# the machine's own Debian 12 with 15; the 17/18 trees (test/pgtree.sh,
+# another Debian suite, another Java) run without it.
+if [ "$PG_MAJOR" = 15 ]; then
+  PACKAGES+=(openjdk-17-jdk-headless maven openssl)
+fi
 
 if [ "${1:-}" = --list ]; then
   (IFS=,; echo "${PACKAGES[*]}")
