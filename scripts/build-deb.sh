@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-BUILD_DEPS=(debhelper dpkg-dev fakeroot postgresql-server-dev-all librdkafka-dev nlohmann-json3-dev g++ make)
+BUILD_DEPS=(build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all librdkafka-dev nlohmann-json3-dev g++ make)
 if [ "${1:-}" = --list-deps ]; then
   (IFS=,; echo "${BUILD_DEPS[*]}")
   exit 0

@@ -74,7 +74,7 @@ mount -t tmpfs -o mode=1777 shm "$tree/dev/shm"
 # The sources as they are here (tracked and new files, not build outputs).
 mkdir "$tree/src"
 if git rev-parse --git-dir >/dev/null 2>&1; then
-  git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - -- | tar -xf - -C "$tree/src"
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tree/src"
 else
   tar --exclude=./build --exclude=./.git --exclude=./dist -cf - . | tar -xf - -C "$tree/src"
 fi
