@@ -113,12 +113,18 @@ public class KafkaTool {
         NewTopic t = new NewTopic(a[2], Integer.parseInt(a[3]), Short.parseShort(a[4])).configs(configs);
         try (Admin ad = admin(a[1])) {
             ad.createTopics(List.of(t)).all().get();
-            // Wait until every broker's metadata has the topic's leaders.
-            for (int i = 0; i < 100; i++) {
-                TopicDescription d = ad.describeTopics(List.of(a[2])).allTopicNames().get().get(a[2]);
-                if (d.partitions().stream().allMatch(p -> p.leader() != null && p.leader().id() >= 0)) return;
+            // Wait until the metadata has the topic's leaders (a broker may not know the
+            // topic yet right after the controller created it: UNKNOWN_TOPIC_OR_PARTITION).
+            for (int i = 0; i < 300; i++) {
+                try {
+                    TopicDescription d = ad.describeTopics(List.of(a[2])).allTopicNames().get().get(a[2]);
+                    if (d.partitions().stream().allMatch(p -> p.leader() != null && p.leader().id() >= 0)) return;
+                } catch (java.util.concurrent.ExecutionException e) {
+                    if (!(e.getCause() instanceof org.apache.kafka.common.errors.UnknownTopicOrPartitionException)) throw e;
+                }
                 Thread.sleep(100);
             }
+            throw new RuntimeException("topic " + a[2] + ": no leaders after 30 s");
         }
     }
 
