@@ -52,11 +52,12 @@ KAFKA = None
 SPECIAL = {(c, n): "clé — ü 😀 " + str(n) for c in range(CLIENTS) for n in range(7, PER_CLIENT, 97)}
 
 
-STARTED = time.monotonic()
+STARTED = None
 
 
 def setUpModule():
-    global KAFKA
+    global KAFKA, STARTED
+    STARTED = time.monotonic()
     if ENABLED:
         t0 = time.monotonic()
         KAFKA = KafkaCluster(nodes=3, sasl=True, scram_users={"outbox": SECRET}).start()

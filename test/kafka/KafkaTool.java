@@ -113,9 +113,8 @@ public class KafkaTool {
         NewTopic t = new NewTopic(a[2], Integer.parseInt(a[3]), Short.parseShort(a[4])).configs(configs);
         try (Admin ad = admin(a[1])) {
             ad.createTopics(List.of(t)).all().get();
-            // Wait until every broker's metadata has the topic's leaders.  A
-            // broker that has not heard of the topic yet answers "unknown
-            // topic" for a while (seen on a loaded machine): ask again.
+            // Wait until the metadata has the topic's leaders (a broker may not know the
+            // topic yet right after the controller created it: UNKNOWN_TOPIC_OR_PARTITION).
             for (int i = 0; i < 300; i++) {
                 try {
                     TopicDescription d = ad.describeTopics(List.of(a[2])).allTopicNames().get().get(a[2]);
@@ -125,6 +124,7 @@ public class KafkaTool {
                 }
                 Thread.sleep(100);
             }
+            throw new RuntimeException("topic " + a[2] + ": no leaders after 30 s");
         }
     }
 
