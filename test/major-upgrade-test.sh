@@ -140,7 +140,9 @@ pg "$NEW_BIN/pg_restore" -f - "$work/postgres.dump" |
 pg "$NEW_BIN/psql" -h "$work" -p 5432 -U postgres -X -q -v ON_ERROR_STOP=1 -o /dev/null -f "$work/restore.sql"
 
 echo "== [${SECONDS}s] PostgreSQL $NEW, after the move"
-[ "$(psql "$NEW_BIN" "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")" = 1.2 ]
+version=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$ROOT/outbox.control")
+got=$(psql "$NEW_BIN" "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
+[ "$got" = "$version" ] || { echo "FAIL: the restored extension is $got, not the control file's $version"; exit 1; }
 psql "$NEW_BIN" "SELECT outbox.write('order.events', 'k', '{\"phase\": \"after\"}')" >/dev/null
 until_true "$NEW_BIN" "SELECT count(*) = 0 FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL" \
   "the new server to publish the pending messages"
