@@ -407,13 +407,15 @@ TEST(Producer, DeliveryErrorsAreLoggedOncePerDistinctError) {
     Pipe pipe;
     // Warm up, then make every Produce request fail with a retriable error
     // until the records time out.  The warm-up must go through: one that
-    // timed out itself (a loaded machine, 300 ms for a first connection)
-    // would already have logged the error this test expects logged once.
+    // timed out itself would already have logged the error this test
+    // expects logged once.  300 ms was too short for a first connection on
+    // a loaded CI machine (librdkafka 2.14 in the sid tree failed five
+    // warm-ups in a row), hence 1.5 s: the failing phase then lasts 1.5 s.
     Row warm = row(1, "k");
     Record wrec = warm.record();
     std::unique_ptr<Producer> p;
     for (int attempt = 0; attempt < 5; attempt++) {
-        p = make_producer(cluster, pipe.fd[1], "message.timeout.ms=300;retry.backoff.ms=10");
+        p = make_producer(cluster, pipe.fd[1], "message.timeout.ms=1500;retry.backoff.ms=10");
         p->produce(&wrec, 1);
         wait_all(*p);
         if (p->acked_count() == 1) break;
