@@ -1,7 +1,7 @@
 """Hostile roles against the workers, which run as the bootstrap superuser:
 a database owner, a subscriber, a pg_monitor member, a writer with EXECUTE
 only, a Kafka producer on an inbox topic.  Each test is one attack; each
-failed on the code before this suite (see the README's threat model)."""
+failed on the code before this suite (see docs/security.md, the threat model)."""
 
 import json
 import os
