@@ -197,5 +197,78 @@ class RelayEndToEnd(unittest.TestCase):
             collector.close()
 
 
+class Stragglers(unittest.TestCase):
+    """Rows the relay's low-water mark passed before they committed, by a path
+    that announces nothing to the relay: a direct INSERT and COMMIT PREPARED
+    (docs/architecture.md, "The low-water mark").  The relay polls too, but
+    from its mark, so only the maintenance worker's straggler scan can find
+    them; the scan runs at most every outbox.poll_interval, which this class
+    keeps at its default so the test waits seconds, not an hour."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.broker = TestBroker()
+        cls.pg = PgCluster({"outbox.brokers": f"'{cls.broker.bootstrap}'",
+                            "outbox.poll_interval": "'1s'",
+                            "outbox.batch_timeout": "'1s'",
+                            "max_prepared_transactions": 2})
+        cls.pg.start()
+        cls.pg.sql("CREATE EXTENSION outbox")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pg.destroy()
+        cls.broker.stop()
+
+    def published(self, message_id):
+        return self.pg.scalar("SELECT coalesce((SELECT published_at IS NOT NULL "
+                              "FROM outbox.outbox_message WHERE message_id = %s), false)",
+                              (message_id,))
+
+    def test_rows_committed_below_a_settled_mark_are_published(self):
+        collector = Collector(self.broker.bootstrap)
+        inserter = self.pg.connect()
+        inserter.autocommit = False
+        prepared = self.pg.connect()
+        prepared.autocommit = False
+        try:
+            first = self.pg.scalar("SELECT outbox.write('order.events', 'settle', '{}')::text")
+            wait_until(lambda: self.published(first), 30, what="the first message published")
+            # Two transactions take their ids and stay open: a superuser's
+            # direct INSERT, and a service's write() that will be prepared.
+            with inserter.cursor() as cur:
+                cur.execute("INSERT INTO outbox.outbox_message (message_id, topic, key, payload) "
+                            "VALUES (gen_random_uuid(), 'order.events', 'direct', '{\"n\": 1}') "
+                            "RETURNING id, message_id::text")
+                direct_id, direct = cur.fetchone()
+            with prepared.cursor() as cur:
+                cur.execute("SELECT outbox.write('order.events', 'two-phase', '{\"n\": 2}')::text")
+                two_phase = cur.fetchone()[0]
+                cur.execute("SELECT id FROM outbox.outbox_message WHERE message_id = %s",
+                            (two_phase,))
+                two_phase_id = cur.fetchone()[0]
+                cur.execute("PREPARE TRANSACTION 'outbox-straggler'")
+            prepared.commit()  # the client's side of the transaction is over (no-op on the server)
+            # A later write commits first: its turn moves the mark past both ids.
+            later = self.pg.scalar("SELECT outbox.write('order.events', 'later', '{}')::text")
+            wait_until(lambda: self.published(later), 30, what="the later message published")
+            later_id = self.pg.scalar("SELECT id FROM outbox.outbox_message WHERE message_id = %s",
+                                      (later,))
+            self.assertLess(max(direct_id, two_phase_id), later_id)
+            self.assertFalse(self.published(direct))
+            self.assertFalse(self.published(two_phase))
+            # Now they commit, waking nobody.
+            inserter.commit()
+            self.pg.sql("COMMIT PREPARED 'outbox-straggler'")
+            wait_until(lambda: self.published(direct) and self.published(two_phase), 30,
+                       what="both stragglers published")
+            wait_until(lambda: {direct, two_phase} <= collector.event_ids(), 30,
+                       what="both stragglers in Kafka")
+        finally:
+            inserter.close()
+            prepared.close()
+            collector.close()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
