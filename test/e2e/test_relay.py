@@ -7,8 +7,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (Collector, PgCluster, TestBroker, committed_messages, verify,  # noqa: E402
-                     wait_until)
+from harness import (ClusterPerTest, Collector, PgCluster, TestBroker,  # noqa: E402
+                     committed_messages, verify, wait_until)
 
 ORDERS = """
 CREATE EXTENSION outbox;
@@ -272,6 +272,37 @@ class Stragglers(unittest.TestCase):
             inserter.close()
             prepared.close()
             collector.close()
+
+
+class RelayBadRows(ClusterPerTest, unittest.TestCase):
+    """Rows the relay cannot send, whatever put them there, cost only
+    themselves."""
+    cluster_name = "outbox-relay-bad-rows"
+
+    def test_a_row_that_cannot_be_rendered_is_parked_and_the_rest_go_on(self):
+        self.start()
+        self.pg.sql("CREATE EXTENSION outbox")
+        # 180 MB of control characters print as more than 1 GB of JSON text:
+        # outbox.write() refuses such a payload or such headers, but a row can
+        # get in another way.
+        for payload, headers in (("jsonb_build_object('x', repeat(chr(1), 180000000))", "'{}'"),
+                                 ("'{}'", "jsonb_build_object('h', repeat(chr(1), 180000000))")):
+            self.pg.sql("INSERT INTO outbox.outbox_message (message_id, topic, key, payload, headers) "
+                        f"VALUES (gen_random_uuid(), 'order.events', 'poison', {payload}, {headers})")
+        self.pg.sql("SELECT outbox._wake_relay_at_commit()")
+        self.pg.sql("SELECT count(outbox.write('order.events', 'after-' || i, '{}')) "
+                    "FROM generate_series(1, 100) i")
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
+                                       "WHERE published_at IS NOT NULL") == 100, 120,
+                   what="the messages after the poison published")
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.parked_messages") == 2, 60,
+                   what="both poison rows parked")
+        errors = [r[0] for r in self.pg.sql("SELECT last_error FROM outbox.parked_messages "
+                                            "ORDER BY id")]
+        self.assertIn("the payload", errors[0])
+        self.assertIn("the headers", errors[1])
+        for e in errors:
+            self.assertIn("cannot be rendered", e)
 
 
 if __name__ == "__main__":
