@@ -1,6 +1,6 @@
 # pg outbox: PGXS build of the extension (make && make install) and its
 # pg_regress / isolation tests (make installcheck).  The C++ unit tests and
-# the test tools (test broker, consumers) are built by CMake: see README.
+# the test tools (test broker, consumers) are built by CMake: see test/README.md.
 # Builds in the source tree, or out of it with VPATH (as Debian's
 # pg_buildext does: make -C build-15 -f ../Makefile VPATH=..).
 

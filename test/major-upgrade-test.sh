@@ -5,8 +5,8 @@
 # with a handled and a waiting event.
 # - pg_upgrade refuses it at its checks, before it changes anything:
 #   outbox.inbox_subscription.handler is a regprocedure, and function oids do
-#   not survive pg_upgrade (README, "Backups, restores and moves").
-# - The move that works, as the README tells a DBA: the new server's
+#   not survive pg_upgrade (docs/operations.md, "Backups, restores and moves").
+# - The move that works, as docs/operations.md tells a DBA: the new server's
 #   pg_dumpall --globals-only and pg_dump -Fc of the old one, pg_restore into
 #   the new one with the relay running.  After it: the pending messages are
 #   published once, the published ones never again, the parked one stays
@@ -117,7 +117,7 @@ rc=0
    -s "$work" -p 5432 -P 5433 -U postgres) > "$work/pg_upgrade.out" 2>&1 || rc=$?
 if [ $rc -eq 0 ] || ! grep -rqs "outbox.inbox_subscription.handler" "$work/new"/pg_upgrade_output.d; then
   echo "FAIL: pg_upgrade --check did not refuse outbox.inbox_subscription.handler (rc $rc); if the"
-  echo "schema no longer keeps a reg* column, move this test and the README to pg_upgrade:"
+  echo "schema no longer keeps a reg* column, move this test and docs/operations.md to pg_upgrade:"
   cat "$work/pg_upgrade.out"
   exit 1
 fi

@@ -20,7 +20,7 @@ MIRROR=http://deb.debian.org/debian
 # The end-to-end suites each tree runs: delivery and order, faults, the
 # inbox, the workers' life cycle, hostile roles, encodings, backups.  The
 # rest (test_operations, test_inbox_scale, test_native) run on 15 only
-# (README, Tests).
+# (test/README.md).
 E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_encoding test_backup}
 
 case $suite in

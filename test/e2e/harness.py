@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 
 import psycopg2
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
@@ -374,6 +375,52 @@ class Writers:
                     pass
                 conn = self._connect()
         conn.close()
+
+
+INBOX_TOPIC = "payments.events"
+# The mock's group coordinator admits a new member only once the previous
+# member's session has expired: keep sessions short.
+INBOX_KAFKA = "session.timeout.ms=6000;heartbeat.interval.ms=500"
+
+
+class ClusterPerTest:
+    """For a unittest.TestCase whose tests each need a cluster of their own
+    with settings of their own: start() makes a test broker and a cluster with
+    the inbox on for INBOX_TOPIC, both removed after the test."""
+
+    cluster_name = "outbox-e2e"
+
+    def start(self, settings=None, topics=(f"{INBOX_TOPIC}:2", "order.events:2")):
+        from confluent_kafka import Producer
+        self.broker = TestBroker(topics=topics)
+        conf = {"outbox.brokers": f"'{self.broker.bootstrap}'",
+                "outbox.inbox": "on", "outbox.inbox_topics": f"'{INBOX_TOPIC}'",
+                "outbox.kafka_config": f"'{INBOX_KAFKA}'", "outbox.max_attempts": 2,
+                "outbox.batch_timeout": "'2s'"}
+        conf.update(settings or {})
+        self.pg = PgCluster(conf, name=self.cluster_name)
+        self.pg.start()
+        self.addCleanup(self.broker.stop)
+        self.addCleanup(self.pg.destroy)
+        self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "log_level": 2})
+
+    def produce(self, topic, payloads, key="k"):
+        ids = []
+        for p in payloads:
+            eid = str(uuid.uuid4())
+            ids.append(eid)
+            self.producer.produce(topic, key=key, value=json.dumps(p).encode(),
+                                  headers=[("event_id", eid)])
+        self.producer.flush(30)
+        return ids
+
+    def scalar(self, q, *args, db="postgres"):
+        """The query's one value, or None when it fails (a worker's table
+        may not be there yet)."""
+        try:
+            return self.pg.scalar(q, args or None, dbname=db)
+        except Exception:
+            return None
 
 
 def committed_messages(cluster, dbname="postgres"):

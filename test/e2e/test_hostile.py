@@ -1,7 +1,7 @@
 """Hostile roles against the workers, which run as the bootstrap superuser:
 a database owner, a subscriber, a pg_monitor member, a writer with EXECUTE
 only, a Kafka producer on an inbox topic.  Each test is one attack; each
-failed on the code before this suite (see the README's threat model)."""
+failed on the code before this suite (see docs/security.md, the threat model)."""
 
 import json
 import os
@@ -12,44 +12,16 @@ import unittest
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import AS_ROOT, PgCluster, TestBroker, wait_until  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from harness import (AS_ROOT, INBOX_KAFKA, INBOX_TOPIC, ClusterPerTest,  # noqa: E402
+                     wait_until)
 
 SECRET = "hunter2secret"
-TOPIC = "payments.events"
-KAFKA = "session.timeout.ms=6000;heartbeat.interval.ms=500"
+TOPIC = INBOX_TOPIC
+KAFKA = INBOX_KAFKA
 
 
-class Hostile(unittest.TestCase):
-
-    def start(self, settings=None, topics=(f"{TOPIC}:2", "order.events:2")):
-        self.broker = TestBroker(topics=topics)
-        conf = {"outbox.brokers": f"'{self.broker.bootstrap}'",
-                "outbox.inbox": "on", "outbox.inbox_topics": f"'{TOPIC}'",
-                "outbox.kafka_config": f"'{KAFKA}'", "outbox.max_attempts": 2,
-                "outbox.batch_timeout": "'2s'"}
-        conf.update(settings or {})
-        self.pg = PgCluster(conf, name="outbox-hostile")
-        self.pg.start()
-        self.addCleanup(self.broker.stop)
-        self.addCleanup(self.pg.destroy)
-        self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "log_level": 2})
-
-    def produce(self, topic, payloads, key="k"):
-        ids = []
-        for p in payloads:
-            eid = str(uuid.uuid4())
-            ids.append(eid)
-            self.producer.produce(topic, key=key, value=json.dumps(p).encode(),
-                                  headers=[("event_id", eid)])
-        self.producer.flush(30)
-        return ids
-
-    def scalar(self, q, *args, db="postgres"):
-        try:
-            return self.pg.scalar(q, args or None, dbname=db)
-        except Exception:
-            return None
+class Hostile(ClusterPerTest, unittest.TestCase):
+    cluster_name = "outbox-hostile"
 
     # ---- a database owner --------------------------------------------------
 
@@ -348,123 +320,6 @@ class Hostile(unittest.TestCase):
         self.assertEqual(self.scalar("SELECT count(*) FROM outbox.outbox_message "
                                      "WHERE published_at IS NULL"), 1, "nothing published with it")
         self.assertNotIn(SECRET, self.pg.log())
-
-    # ---- a writer with EXECUTE only (or a row that got in anyway) ----------------
-
-    def test_a_row_that_cannot_be_rendered_is_parked_and_the_rest_go_on(self):
-        self.start()
-        self.pg.sql("CREATE EXTENSION outbox")
-        # 180 MB of control characters print as more than 1 GB of JSON text:
-        # outbox.write() refuses such a payload or such headers, but a row can
-        # get in another way.
-        for payload, headers in (("jsonb_build_object('x', repeat(chr(1), 180000000))", "'{}'"),
-                                 ("'{}'", "jsonb_build_object('h', repeat(chr(1), 180000000))")):
-            self.pg.sql("INSERT INTO outbox.outbox_message (message_id, topic, key, payload, headers) "
-                        f"VALUES (gen_random_uuid(), 'order.events', 'poison', {payload}, {headers})")
-        self.pg.sql("SELECT outbox._wake_relay_at_commit()")
-        self.pg.sql("SELECT count(outbox.write('order.events', 'after-' || i, '{}')) "
-                    "FROM generate_series(1, 100) i")
-        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
-                                       "WHERE published_at IS NOT NULL") == 100, 120,
-                   what="the messages after the poison published")
-        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.parked_messages") == 2, 60,
-                   what="both poison rows parked")
-        errors = [r[0] for r in self.pg.sql("SELECT last_error FROM outbox.parked_messages "
-                                            "ORDER BY id")]
-        self.assertIn("the payload", errors[0])
-        self.assertIn("the headers", errors[1])
-        for e in errors:
-            self.assertIn("cannot be rendered", e)
-
-    def test_sigterm_during_an_outage_is_not_held_up_by_a_full_queue(self):
-        # librdkafka's queue holds 100 records; 2,000 are pending while Kafka
-        # is down.  The relay never waits for room inside its transaction.
-        self.start({"outbox.kafka_config": f"'{KAFKA};queue.buffering.max.messages=100'",
-                    "outbox.batch_size": 1000})
-        self.pg.sql("CREATE EXTENSION outbox")
-        self.broker.ctl("down")
-        self.pg.sql("SELECT count(outbox.write('order.events', 'k' || i, '{}')) "
-                    "FROM generate_series(1, 2000) i")
-        time.sleep(3)
-        # No relay transaction is older than batch_timeout (2 s) plus a turn.
-        for _ in range(10):
-            age = self.scalar("SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0) "
-                              "FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'")
-            self.assertLess(float(age), 4.0, "a relay transaction waited for room in the queue")
-            time.sleep(0.3)
-        old = self.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'")
-        self.pg.scalar("SELECT pg_terminate_backend(%s)", (old,))
-        wait_until(lambda: (p := self.scalar("SELECT pid FROM pg_stat_activity "
-                                             "WHERE backend_type = 'pg outbox relay'")) and p != old,
-                   15, what="the relay stopping on SIGTERM during the outage, and coming back")
-        self.broker.ctl("up")
-        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
-                                       "WHERE published_at IS NULL") == 0, 90, what="all published after")
-
-    # ---- the inbox's durability -----------------------------------------------
-
-    def test_stored_records_survive_a_crash_whatever_synchronous_commit_says(self):
-        # The database owner turns synchronous_commit off; the WAL writer
-        # flushes only every 10 s.  Records whose offsets Kafka has must
-        # still be there after an immediate shutdown.
-        self.start({"outbox.database": "'app'", "wal_writer_delay": "'10s'"})
-        self.pg.sql("CREATE DATABASE app")
-        self.pg.sql("CREATE EXTENSION outbox", dbname="app")
-        self.pg.sql("ALTER DATABASE app SET synchronous_commit = off")
-        self.pg.restart()
-        ids = self.produce(TOPIC, [{"n": n} for n in range(20)])
-        c = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "outbox-app",
-                      "log_level": 2})
-        parts = [TopicPartition(TOPIC, p) for p in range(2)]
-
-        def committed():
-            return sum(max(tp.offset, 0) for tp in c.committed(parts, timeout=5))
-        wait_until(lambda: committed() == 20, 60, interval=0.05, what="the offsets committed")
-        c.close()
-        self.pg.stop("immediate")
-        self.pg.start()
-        stored = {r[0] for r in self.pg.sql("SELECT event_id::text FROM outbox.inbox_message",
-                                            dbname="app")}
-        self.assertEqual(stored, set(ids), "records whose offsets were committed were lost")
-
-    def test_a_record_timestamp_postgres_cannot_hold_stops_nothing(self):
-        # A producer sets the record's CreateTime; INT64_MAX ms is past what
-        # a timestamptz holds.  The record is stored (without a time) and the
-        # records after it too, by the same consumer process.
-        self.start()
-        self.pg.sql("CREATE EXTENSION outbox")
-        pid = wait_until(lambda: self.scalar("SELECT pid FROM pg_stat_activity "
-                                             "WHERE backend_type = 'pg outbox inbox consumer'"),
-                         30, what="the inbox consumer")
-        ids = []
-        for ts in (2 ** 63 - 1, int(time.time() * 1000)):
-            eid = str(uuid.uuid4())
-            ids.append(eid)
-            self.producer.produce(TOPIC, key="k", value=b"{}", headers=[("event_id", eid)],
-                                  timestamp=ts)
-        self.producer.flush(30)
-        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message") == 2, 60,
-                   what="both records stored")
-        rows = dict(self.pg.sql("SELECT event_id::text, kafka_timestamp IS NOT NULL "
-                                "FROM outbox.inbox_message"))
-        self.assertEqual(rows, {ids[0]: False, ids[1]: True})
-        self.assertEqual(self.scalar("SELECT pid FROM pg_stat_activity "
-                                     "WHERE backend_type = 'pg outbox inbox consumer'"), pid,
-                         "the consumer restarted")
-
-    def test_each_database_has_its_own_consumer_group(self):
-        self.start({"outbox.database": "'app1, app2'", "outbox.inbox_group": "'shared'",
-                    "max_worker_processes": 16})
-        for db in ("app1", "app2"):
-            self.pg.sql(f"CREATE DATABASE {db}")
-            self.pg.sql("CREATE EXTENSION outbox", dbname=db)
-        ids = []
-        for k in range(10):
-            ids += self.produce(TOPIC, [{"n": k}], key=f"key-{k}")
-        for db in ("app1", "app2"):
-            wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message", db=db) == 10,
-                       60, what=f"every record stored in {db}")
-
 
     # ---- a database owner: the extension's schema ------------------------------
 

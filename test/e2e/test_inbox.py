@@ -11,7 +11,7 @@ import unittest
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import PgCluster, TestBroker, wait_until  # noqa: E402
+from harness import INBOX_TOPIC, ClusterPerTest, PgCluster, TestBroker, wait_until  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 TOPIC = "payments.events"
@@ -238,6 +238,75 @@ class Inbox(unittest.TestCase):
         self.assertIn(json.dumps({"raw_base64": "/wBiaW5hcnk="}), by_payload)
         no_key = by_payload[json.dumps("no key")]
         self.assertIsNone(no_key[1])
+
+
+class InboxConsumerDurability(ClusterPerTest, unittest.TestCase):
+    """What the inbox consumer stores survives a crash, a record Postgres
+    cannot fully hold stops nothing, and each database consumes as its own
+    group; each test with a cluster of its own settings."""
+    cluster_name = "outbox-inbox-consumer"
+
+    def test_stored_records_survive_a_crash_whatever_synchronous_commit_says(self):
+        # The database owner turns synchronous_commit off; the WAL writer
+        # flushes only every 10 s.  Records whose offsets Kafka has must
+        # still be there after an immediate shutdown.
+        self.start({"outbox.database": "'app'", "wal_writer_delay": "'10s'"})
+        self.pg.sql("CREATE DATABASE app")
+        self.pg.sql("CREATE EXTENSION outbox", dbname="app")
+        self.pg.sql("ALTER DATABASE app SET synchronous_commit = off")
+        self.pg.restart()
+        ids = self.produce(INBOX_TOPIC, [{"n": n} for n in range(20)])
+        c = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "outbox-app",
+                      "log_level": 2})
+        parts = [TopicPartition(INBOX_TOPIC, p) for p in range(2)]
+
+        def committed():
+            return sum(max(tp.offset, 0) for tp in c.committed(parts, timeout=5))
+        wait_until(lambda: committed() == 20, 60, interval=0.05, what="the offsets committed")
+        c.close()
+        self.pg.stop("immediate")
+        self.pg.start()
+        stored = {r[0] for r in self.pg.sql("SELECT event_id::text FROM outbox.inbox_message",
+                                            dbname="app")}
+        self.assertEqual(stored, set(ids), "records whose offsets were committed were lost")
+
+    def test_a_record_timestamp_postgres_cannot_hold_stops_nothing(self):
+        # A producer sets the record's CreateTime; INT64_MAX ms is past what
+        # a timestamptz holds.  The record is stored (without a time) and the
+        # records after it too, by the same consumer process.
+        self.start()
+        self.pg.sql("CREATE EXTENSION outbox")
+        pid = wait_until(lambda: self.scalar("SELECT pid FROM pg_stat_activity "
+                                             "WHERE backend_type = 'pg outbox inbox consumer'"),
+                         30, what="the inbox consumer")
+        ids = []
+        for ts in (2 ** 63 - 1, int(time.time() * 1000)):
+            eid = str(uuid.uuid4())
+            ids.append(eid)
+            self.producer.produce(INBOX_TOPIC, key="k", value=b"{}", headers=[("event_id", eid)],
+                                  timestamp=ts)
+        self.producer.flush(30)
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message") == 2, 60,
+                   what="both records stored")
+        rows = dict(self.pg.sql("SELECT event_id::text, kafka_timestamp IS NOT NULL "
+                                "FROM outbox.inbox_message"))
+        self.assertEqual(rows, {ids[0]: False, ids[1]: True})
+        self.assertEqual(self.scalar("SELECT pid FROM pg_stat_activity "
+                                     "WHERE backend_type = 'pg outbox inbox consumer'"), pid,
+                         "the consumer restarted")
+
+    def test_each_database_has_its_own_consumer_group(self):
+        self.start({"outbox.database": "'app1, app2'", "outbox.inbox_group": "'shared'",
+                    "max_worker_processes": 16})
+        for db in ("app1", "app2"):
+            self.pg.sql(f"CREATE DATABASE {db}")
+            self.pg.sql("CREATE EXTENSION outbox", dbname=db)
+        ids = []
+        for k in range(10):
+            ids += self.produce(INBOX_TOPIC, [{"n": k}], key=f"key-{k}")
+        for db in ("app1", "app2"):
+            wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message", db=db) == 10,
+                       60, what=f"every record stored in {db}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import unittest
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import PgCluster, TestBroker, wait_until  # noqa: E402
+from harness import INBOX_KAFKA, ClusterPerTest, PgCluster, TestBroker, wait_until  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
 TOPIC = "payments.events"
@@ -130,6 +130,37 @@ class Workers(unittest.TestCase):
                          "the interrupted handler's record was not marked handled")
         self.assertEqual(self.pg.scalar("SELECT count(*) FROM outbox.inbox_message "
                                         "WHERE NOT processed"), 1)
+
+
+class WorkersDuringAnOutage(ClusterPerTest, unittest.TestCase):
+    """SIGTERM ends a relay promptly even while Kafka is down and its
+    producer's queue is full."""
+    cluster_name = "outbox-workers-outage"
+
+    def test_sigterm_during_an_outage_is_not_held_up_by_a_full_queue(self):
+        # librdkafka's queue holds 100 records; 2,000 are pending while Kafka
+        # is down.  The relay never waits for room inside its transaction.
+        self.start({"outbox.kafka_config": f"'{INBOX_KAFKA};queue.buffering.max.messages=100'",
+                    "outbox.batch_size": 1000})
+        self.pg.sql("CREATE EXTENSION outbox")
+        self.broker.ctl("down")
+        self.pg.sql("SELECT count(outbox.write('order.events', 'k' || i, '{}')) "
+                    "FROM generate_series(1, 2000) i")
+        time.sleep(3)
+        # No relay transaction is older than batch_timeout (2 s) plus a turn.
+        for _ in range(10):
+            age = self.scalar("SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0) "
+                              "FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'")
+            self.assertLess(float(age), 4.0, "a relay transaction waited for room in the queue")
+            time.sleep(0.3)
+        old = self.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg outbox relay'")
+        self.pg.scalar("SELECT pg_terminate_backend(%s)", (old,))
+        wait_until(lambda: (p := self.scalar("SELECT pid FROM pg_stat_activity "
+                                             "WHERE backend_type = 'pg outbox relay'")) and p != old,
+                   15, what="the relay stopping on SIGTERM during the outage, and coming back")
+        self.broker.ctl("up")
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
+                                       "WHERE published_at IS NULL") == 0, 90, what="all published after")
 
 
 if __name__ == "__main__":
