@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "outbox/common/list.h"
+#include "outbox/common/standby.h"
 #include "outbox/json/headers.h"
 #include "outbox/kafka/config.h"
 #include "outbox/policy.h"
@@ -40,6 +41,8 @@ bool outbox_inbox = false;
 char *outbox_inbox_topics = nullptr;
 char *outbox_inbox_group = nullptr;
 int outbox_inbox_workers = 1;
+char *outbox_wait_for_standbys = nullptr;
+int outbox_standby_lsn = OUTBOX_STANDBY_LSN_FLUSH;
 }
 
 bool outbox_preloaded = false;
@@ -58,6 +61,13 @@ const struct config_enum_entry kWalCompressionOptions[] = {
 #ifdef USE_ZSTD
     {"zstd", OUTBOX_WAL_COMPRESSION_ZSTD, false},
 #endif
+    {nullptr, 0, false},
+};
+
+const struct config_enum_entry kStandbyLsnOptions[] = {
+    {"write", OUTBOX_STANDBY_LSN_WRITE, false},
+    {"flush", OUTBOX_STANDBY_LSN_FLUSH, false},
+    {"replay", OUTBOX_STANDBY_LSN_REPLAY, false},
     {nullptr, 0, false},
 };
 
@@ -91,6 +101,22 @@ bool check_kafka_config(char **newval, void **, GucSource) {
     if (outbox::kafka::check_properties(*newval ? *newval : "", why, sizeof why)) return true;
     GUC_check_errmsg("invalid value for parameter \"outbox.kafka_config\"");
     GUC_check_errdetail("%s.", why);
+    return false;
+}
+
+bool standbys_ok(const char *value) noexcept {
+    try {
+        outbox::standby::Required required;
+        std::string error;
+        return take(outbox::standby::parse(value, required, error), error);
+    } catch (...) {
+        return take(false, "out of memory");
+    }
+}
+
+bool check_wait_for_standbys(char **newval, void **, GucSource) {
+    if (standbys_ok(*newval ? *newval : "")) return true;
+    GUC_check_errdetail("outbox.wait_for_standbys: %s.", why);
     return false;
 }
 
@@ -269,6 +295,24 @@ void outbox_define_gucs(void) {
                             "Each owns a share of the record keys. Needs a restart.",
                             &outbox_inbox_workers, 1, 1, 32, PGC_POSTMASTER, 0, nullptr, nullptr,
                             nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.wait_for_standbys",
+        "Streaming standbys that must hold a batch's WAL before the relay produces it.",
+        "Empty: none. *: any one standby. Otherwise a comma-separated list of application_name "
+        "values, every one of which must hold it. A failover to such a standby then never "
+        "leaves Kafka with a message the promoted server lacks; while it is missing or behind, "
+        "publishing waits.",
+        &outbox_wait_for_standbys, "", PGC_SIGHUP, 0, check_wait_for_standbys, nullptr, nullptr);
+
+    DefineCustomEnumVariable(
+        "outbox.standby_lsn",
+        "Which of a standby's positions outbox.wait_for_standbys compares: write, flush or "
+        "replay.",
+        "flush: the WAL is on the standby's disk and survives its crash and promotion. replay: "
+        "also visible to queries there.",
+        &outbox_standby_lsn, OUTBOX_STANDBY_LSN_FLUSH, kStandbyLsnOptions, PGC_SIGHUP, 0, nullptr,
+        nullptr, nullptr);
 
     MarkGUCPrefixReserved("outbox");
 }

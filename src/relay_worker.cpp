@@ -51,6 +51,7 @@
 #include "outbox/queries/relay.h"
 #include "outbox/queries/spi.h"
 #include "outbox/shmem.h"
+#include "outbox/standby_wait.h"
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
@@ -96,6 +97,10 @@ struct RelayState {
     char reported_error[256] = "";
     int reported_state = -1;
     char last_connect_error[512] = "";
+    // outbox.wait_for_standbys: the WAL position a claimed batch needed and
+    // no standby reached within outbox.batch_timeout (0: none).  No claim
+    // until they hold it.
+    XLogRecPtr standby_need = 0;
 };
 
 RelayState *state(OutboxWorker *w) { return static_cast<RelayState *>(w->state); }
@@ -309,6 +314,51 @@ std::size_t await_deliveries(OutboxWorker *w, TimestampTz deadline, const Outbox
     return acked;
 }
 
+// Publishing waits for the standbys (outbox.wait_for_standbys): says so
+// once in the log, and what for in outbox.worker_stats at every check.
+void note_standby_wait(OutboxWorker *w, const char *why) {
+    if (state(w)->standby_need == 0)
+        ereport(LOG, (errmsg("%s: publishing waits for the standbys: %s", w->label, why),
+                      errhint("outbox.wait_for_standbys names them; nothing is lost meanwhile")));
+    outbox_stats_waiting(why);
+}
+
+void note_standby_back(OutboxWorker *w) {
+    ereport(LOG, (errmsg("%s: the standbys hold the waiting batch's WAL; publishing again",
+                         w->label)));
+    outbox_stats_waiting(nullptr);
+    state(w)->standby_need = 0;
+}
+
+// Holds a claimed batch until the standbys outbox.wait_for_standbys names
+// have its WAL, so that no failover can leave Kafka with a message the
+// promoted server lacks.  Every row the claim took committed before its
+// snapshot; the WAL up to outbox_batch_wal_end() holds their commits.  Waits
+// in steps of 1 ms for a healthy standby's round trip, then longer ones (no
+// walsender wakes us), at most outbox.batch_timeout;
+// false when they still lack it: the batch is not produced, and no claim
+// is made until they have it (relay_turn).
+bool await_standbys(OutboxWorker *w) {
+    if (!outbox_standbys_required()) return true;
+    XLogRecPtr need = outbox_batch_wal_end();
+    TimestampTz deadline =
+        TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms);
+    TimestampTz start = GetCurrentTimestamp();
+    char why[256];
+    while (!outbox_standbys_hold(need, why, sizeof why)) {
+        TimestampTz now = GetCurrentTimestamp();
+        long left = TimestampDifferenceMilliseconds(now, deadline);
+        if (left <= 0) {
+            note_standby_wait(w, why);
+            state(w)->standby_need = need;
+            return false;
+        }
+        bool fresh = TimestampDifferenceMilliseconds(start, now) < outbox::policy::kStandbyFastPollMs;
+        outbox_worker_wait_kafka(w, Min(fresh ? 1L : outbox::policy::kStandbyPollMaxMs, left));
+    }
+    return true;
+}
+
 // The keys with records in flight, as a text[] for the claim to skip.
 Datum in_flight_keys(Producer *p) {
     int n = static_cast<int>(p->snapshot_in_flight_keys());
@@ -342,7 +392,8 @@ int run_batch(OutboxWorker *w) {
     OutboxClaim claim;
     outbox_relay_claim(w->schema, outbox_batch_size, r->low_water, w->shares, w->share,
                        in_flight_keys(p), r->waiting, outbox::policy::kBatchByteBudget, &claim);
-    if (claim.n > 0) {
+    bool held = claim.n > 0 && !await_standbys(w);
+    if (claim.n > 0 && !held) {
         p->produce(claim.records, static_cast<std::size_t>(claim.n));
         acked += await_deliveries(
             w, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms), &claim);
@@ -357,13 +408,18 @@ int run_batch(OutboxWorker *w) {
     // next to acknowledged ones are retried after the shortest backoff, not
     // at the next poll tick.
     bool refusals_only = r->turn_failed > 0 && r->turn_transient == 0;
-    if (claim.n > 0 && acked == 0 && !refusals_only)
+    // A batch held for the standbys is no outage either: relay_turn waits
+    // for them.
+    if (held)
+        r->next_claim_at = 0;
+    else if (claim.n > 0 && acked == 0 && !refusals_only)
         backoff_after_failure(r);
     else if (r->turn_transient > 0)
         r->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
                                                        outbox::policy::kRelayBackoffMinMs);
     outbox_worker_commit(w);
     after_turn(w);
+    if (held) return 0;
     // A batch the budget cut short is as good as a full one: more waits.
     return claim.left > 0 ? outbox_batch_size : claim.n;
 }
@@ -513,6 +569,18 @@ long relay_turn(OutboxWorker *w) {
     if (r->next_claim_at > now || p->in_flight() >= cap) {
         drain_step(w, r->next_claim_at > now ? ms_until(r->next_claim_at) : outbox_poll_interval_ms);
         return 0;
+    }
+    // A batch waited for the standbys in vain: no claim until they hold its
+    // WAL (or the setting no longer names them).  Late reports are still
+    // recorded meanwhile.
+    if (r->standby_need != 0) {
+        char why[256];
+        if (!outbox_standbys_hold(r->standby_need, why, sizeof why)) {
+            outbox_stats_waiting(why);
+            drain_step(w, outbox::policy::kStandbyPollMaxMs);
+            return 0;
+        }
+        note_standby_back(w);
     }
     // Under load (a commit woke us right after a batch), let more commits
     // gather before claiming: each batch has a fixed cost (a transaction, a

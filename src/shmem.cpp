@@ -39,6 +39,7 @@ struct WorkerSlot {
     int broker_state;
     TimestampTz last_error_at;
     char last_error[256];
+    char waiting_for[256];  // what publishing waits for ("": nothing)
     // processed per second over the last minute: second stamp and count
     int64 bucket_second[kMinuteBuckets];
     uint64 bucket_count[kMinuteBuckets];
@@ -146,6 +147,7 @@ void outbox_slot_attach(int index, OutboxWorkerRole role, int share, Oid databas
     s.broker_state = OUTBOX_BROKER_UNKNOWN;
     s.last_error_at = 0;
     s.last_error[0] = '\0';
+    s.waiting_for[0] = '\0';
     memset(s.bucket_second, 0, sizeof s.bucket_second);
     memset(s.bucket_count, 0, sizeof s.bucket_count);
     SpinLockRelease(&s.mutex);
@@ -213,6 +215,13 @@ void outbox_stats_error(const char *text) {
     SpinLockRelease(&my_slot->mutex);
 }
 
+void outbox_stats_waiting(const char *text) {
+    if (!my_slot) return;
+    SpinLockAcquire(&my_slot->mutex);
+    strlcpy(my_slot->waiting_for, text ? text : "", sizeof my_slot->waiting_for);
+    SpinLockRelease(&my_slot->mutex);
+}
+
 bool outbox_slot_stats(int index, OutboxSlotStats *out) {
     if (!shared || index < 0 || index >= shared->nslots) return false;
     WorkerSlot &s = shared->slots[index];
@@ -235,6 +244,7 @@ bool outbox_slot_stats(int index, OutboxSlotStats *out) {
     out->broker_state = s.broker_state;
     out->last_error_at = s.last_error_at;
     memcpy(out->last_error, s.last_error, sizeof out->last_error);
+    memcpy(out->waiting_for, s.waiting_for, sizeof out->waiting_for);
     uint64 minute = 0;
     for (int b = 0; b < kMinuteBuckets; b++)
         if (s.bucket_second[b] > now_second - kMinuteBuckets) minute += s.bucket_count[b];

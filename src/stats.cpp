@@ -48,7 +48,9 @@ PG_FUNCTION_INFO_V1(outbox_worker_stats);
 Datum outbox_worker_stats(PG_FUNCTION_ARGS) {
     InitMaterializedSRF(fcinfo, 0);
     ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-    constexpr int kColumns = 15;
+    // 16 columns from schema 1.4 (waiting_for); a 1.3 schema's function
+    // asks for the first 15, and gets them.
+    constexpr int kColumns = 16;
     for (int i = 0; i < outbox_slot_count(); i++) {
         OutboxSlotStats st;
         if (!outbox_slot_stats(i, &st)) continue;
@@ -74,6 +76,8 @@ Datum outbox_worker_stats(PG_FUNCTION_ARGS) {
         nulls[13] = st.last_error[0] == '\0';
         values[13] = CStringGetTextDatum(st.last_error);
         values[14] = timestamp_or_null(st.last_error_at, &nulls[14]);
+        nulls[15] = st.waiting_for[0] == '\0';
+        values[15] = CStringGetTextDatum(st.waiting_for);
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
     return static_cast<Datum>(0);

@@ -24,7 +24,16 @@ extern bool outbox_inbox;
 extern char *outbox_inbox_topics;
 extern char *outbox_inbox_group;
 extern int outbox_inbox_workers;
+extern char *outbox_wait_for_standbys;
+extern int outbox_standby_lsn;
 }
+
+// outbox.standby_lsn: which position of a standby counts.
+enum OutboxStandbyLsn {
+    OUTBOX_STANDBY_LSN_WRITE,
+    OUTBOX_STANDBY_LSN_FLUSH,
+    OUTBOX_STANDBY_LSN_REPLAY,
+};
 
 // outbox.wal_compression: "server", or a method of the server's
 // wal_compression for the workers' own sessions.

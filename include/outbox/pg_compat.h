@@ -31,6 +31,7 @@ extern "C" {
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
+#include "utils/backend_status.h"
 #include "utils/memutils.h"
 #if PG_VERSION_NUM >= 160000
 // 16 moved the varlena macros (VARSIZE_ANY_EXHDR, VARDATA_ANY...) out of
@@ -75,6 +76,17 @@ inline Oid identity_sequence(Oid relid, AttrNumber attnum) {
     return seq;
 #else
     return getIdentitySequence(relid, attnum, true);
+#endif
+}
+
+// Entry `index` (1-based) of this process's copy of the backend status
+// table, or nullptr.  16 split the look-up by index from the one by backend
+// id; 15's pgstat_fetch_stat_local_beentry() takes the index.
+inline LocalPgBackendStatus *local_backend_status(int index) {
+#if PG_VERSION_NUM >= 160000
+    return pgstat_get_local_beentry_by_index(index);
+#else
+    return pgstat_fetch_stat_local_beentry(index);
 #endif
 }
 

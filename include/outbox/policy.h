@@ -12,6 +12,13 @@ namespace outbox::policy {
 inline constexpr int kRelayBackoffMinMs = 250;
 inline constexpr int kRelayBackoffMaxMs = 30000;
 
+// outbox.wait_for_standbys: a batch looks at the standbys' positions every
+// millisecond for this long (a healthy standby's round trip: each step
+// beyond it is latency), then every kStandbyPollMaxMs (no walsender wakes
+// the relay).
+inline constexpr int kStandbyFastPollMs = 50;
+inline constexpr long kStandbyPollMaxMs = 20;
+
 // Most headers one message may carry (outbox.write*() refuses more, and
 // outbox.default_headers counts).
 inline constexpr int kMaxHeaders = 1000;

@@ -45,6 +45,9 @@ void outbox_stats_add(uint64 processed, uint64 failed, uint64 parked);
 void outbox_stats_set_in_flight(uint64 in_flight);
 void outbox_stats_set_broker_state(OutboxBrokerState state);
 void outbox_stats_error(const char *text);
+// What the worker's work waits for, in a sentence (nullptr or "": nothing):
+// a relay holding batches until a standby has their WAL.
+void outbox_stats_waiting(const char *text);
 
 // ---- the relay's low-water mark ----
 //
@@ -118,6 +121,7 @@ struct OutboxSlotStats {
     int broker_state;
     TimestampTz last_error_at;
     char last_error[256];
+    char waiting_for[256];
 };
 
 // Copies slot `index`; false when it is free (no worker attached).

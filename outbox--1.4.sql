@@ -1,10 +1,10 @@
--- pg outbox 1.3: the whole schema, as CREATE EXTENSION outbox installs it.
+-- pg outbox 1.4: the whole schema, as CREATE EXTENSION outbox installs it.
 -- The schema "outbox" is created by CREATE EXTENSION (outbox.control:
 -- schema = outbox); one that exists already is refused unless no role but
 -- a superuser controls it (below).  Databases on an earlier version move
 -- here with ALTER EXTENSION outbox UPDATE (outbox--1.0--1.1.sql,
--- outbox--1.1--1.2.sql, outbox--1.2--1.3.sql); the upgrade test checks that
--- both ways give the same objects.
+-- outbox--1.1--1.2.sql, outbox--1.2--1.3.sql, outbox--1.3--1.4.sql); the
+-- upgrade test checks that both ways give the same objects.
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
@@ -359,14 +359,17 @@ CREATE FUNCTION outbox._worker_stats(
     OUT started_at timestamptz, OUT last_activity_at timestamptz,
     OUT processed bigint, OUT processed_last_minute bigint, OUT failed bigint,
     OUT parked bigint, OUT batches bigint, OUT in_flight bigint,
-    OUT broker_state text, OUT last_error text, OUT last_error_at timestamptz)
+    OUT broker_state text, OUT last_error text, OUT last_error_at timestamptz,
+    OUT waiting_for text)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'outbox_worker_stats'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
 
 -- One row per worker of every database.  processed: messages published
 -- (relay), rows deleted (maintenance), records stored (inbox consumer),
--- messages handled (inbox handler); since the worker started.
+-- messages handled (inbox handler); since the worker started.  waiting_for:
+-- what the worker's work waits for, when it waits (a relay holding batches
+-- until the standbys outbox.wait_for_standbys names have their WAL).
 CREATE VIEW outbox.worker_stats AS
     SELECT * FROM outbox._worker_stats() ORDER BY database, role, worker;
 
@@ -388,6 +391,9 @@ WITH w AS (
            coalesce(sum(failed), 0)::bigint AS retries,
            coalesce(sum(parked), 0)::bigint AS parked_since_start,
            max(last_activity_at) AS last_batch_at
+      FROM w WHERE role = 'relay'
+), waiting AS (
+    SELECT pg_catalog.string_agg(DISTINCT waiting_for, '; ') AS waiting_for
       FROM w WHERE role = 'relay'
 ), last_error AS (
     SELECT last_error, last_error_at FROM w
@@ -422,8 +428,9 @@ SELECT queue.pending,
        inbox.pending AS inbox_pending,
        inbox.parked AS inbox_parked,
        maintenance.deleted AS retention_deleted_since_start,
-       maintenance.last_pass_at AS retention_last_pass_at
-  FROM queue, inbox, relay, maintenance
+       maintenance.last_pass_at AS retention_last_pass_at,
+       waiting.waiting_for
+  FROM queue, inbox, relay, maintenance, waiting
   LEFT JOIN last_error ON true;
 
 -- Monitoring roles (postgres_exporter connects as one) may read the stats,

@@ -1,0 +1,47 @@
+// outbox.wait_for_standbys: which streaming standbys must hold a batch's
+// WAL before the relay produces it, so that a failover to one of them never
+// leaves Kafka with a message the promoted server lacks (a phantom event).
+// Pure C++: the GUC check hook, the relay and the unit tests share it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace outbox::standby {
+
+// What the setting asks for.  Empty text: nothing (the relay does not wait).
+// "*": any one standby.  Otherwise a comma-separated list of standbys'
+// application_name (primary_conninfo's application_name, or the cluster
+// name, as pg_stat_replication shows it): every one listed.
+struct Required {
+    bool any = false;
+    std::vector<std::string> names;
+    bool none() const { return !any && names.empty(); }
+};
+
+// Parses the setting's text.  Refuses "*" beside names, an empty item, a
+// name listed twice or one longer than Postgres keeps (63 bytes).
+bool parse(std::string_view text, Required &out, std::string &error) noexcept;
+
+// One physical walsender as the primary sees it: the standby's name and the
+// position (written, flushed or replayed: outbox.standby_lsn) it reported.
+struct Standby {
+    std::string_view name;
+    std::uint64_t lsn;
+};
+
+// Whether the standbys hold every byte of WAL up to `target`.  When they do
+// not, `why` says which standby is missing or behind and by how much, for
+// the log and outbox.worker_stats ("standby \"b\" has flushed 0/3000060,
+// the batch needs 0/3000148").  `verb` is "written", "flushed" or
+// "replayed".
+bool hold(const Required &required, const std::vector<Standby> &standbys, std::uint64_t target,
+          const char *verb, std::string &why) noexcept;
+
+// An LSN as Postgres prints it: "16/B374D848".
+std::string lsn_text(std::uint64_t lsn);
+
+}  // namespace outbox::standby
