@@ -26,7 +26,7 @@ restore() {
 trap restore EXIT
 
 # The files dpkg says it installed are the ones Postgres loads.
-for f in "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)/extension/outbox--1.3.sql" \
+for f in "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)/extension/outbox--1.4.sql" \
          "$("$PG_CONFIG" --sharedir)/extension/outbox.control"; do
   owner=$(dpkg -S "$f" | cut -d: -f1)
   [ "$owner" = "$PACKAGE" ] || { echo "FAIL: $f belongs to '$owner'"; exit 1; }
@@ -59,7 +59,7 @@ trap stop EXIT
 pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
 psql=(runuser -u postgres -- "$BIN/psql" -h "$dir" -U postgres -X -q -At -v ON_ERROR_STOP=1)
 version=$("${psql[@]}" -c "CREATE EXTENSION outbox" -c "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
-[ "$version" = "1.3" ] || { echo "FAIL: extension version '$version'"; exit 1; }
+[ "$version" = "1.4" ] || { echo "FAIL: extension version '$version'"; exit 1; }
 id=$("${psql[@]}" -c "SELECT outbox.write('order.events', 'package-key', '{\"from\": \"$PACKAGE\"}')")
 # The relay marks a row published only once the broker acknowledged it.
 for _ in $(seq 300); do
