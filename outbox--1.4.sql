@@ -146,7 +146,7 @@ CREATE INDEX ix_processed_event_expires ON outbox.processed_event (expires_at);
 -- worker stores every record of outbox.inbox_topics here; the handler
 -- workers run the subscribed handler of each, in arrival order, exactly once.
 CREATE TABLE outbox.inbox_message (
-    event_id         uuid        PRIMARY KEY,
+    event_id         uuid        NOT NULL,
     received_at      timestamptz NOT NULL DEFAULT now(),
     topic            text        NOT NULL,
     key              text,
@@ -165,7 +165,19 @@ CREATE TABLE outbox.inbox_message (
     -- tombstone) and key_bytes (NULL: no key); and its time in Kafka.
     value            bytea,
     key_bytes        bytea,
-    kafka_timestamp  timestamptz                                -- the record's time in Kafka
+    kafka_timestamp  timestamptz,                               -- the record's time in Kafka
+    -- ==== issue 30, the inbox keeps what it received, exactly: begin ====
+    -- The record's headers as Kafka carried them, in order, repeats
+    -- included: names and values as bytes (a NULL value: a header without
+    -- one), beside the readable `headers` object.  NULL for rows stored
+    -- before 1.4.
+    header_names     bytea[],
+    header_values    bytea[],
+    -- A record is unique per (event_id, topic): the same id on two topics
+    -- is two records, each handled once.  The key leads with event_id, so a
+    -- look-up by event_id alone still uses it.
+    CONSTRAINT inbox_message_pkey PRIMARY KEY (event_id, topic)
+    -- ==== issue 30: end ====
 );
 
 CREATE INDEX ix_inbox_message_unprocessed ON outbox.inbox_message (received_at)
@@ -519,10 +531,59 @@ AS 'MODULE_PATHNAME', 'outbox_inbox_unsubscribe'
 LANGUAGE C VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp;
 
+-- (outbox.inbox_write: below, with the rest of issue 30's block.)
+
+-- Inbox records whose handler failed outbox.max_attempts times, with the
+-- payload (a handler usually fails on what is in it).
+CREATE VIEW outbox.inbox_parked AS
+    SELECT event_id, topic, key, received_at, parked_at, attempts, last_error, payload
+      FROM outbox.inbox_message
+     WHERE parked_at IS NOT NULL AND NOT processed;
+
+-- outbox.inbox_retry: puts a parked inbox record back in line.
+CREATE FUNCTION outbox.inbox_retry(event_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF inbox_retry.event_id IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_retry: event_id must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    UPDATE outbox.inbox_message m SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
+     WHERE m.event_id = inbox_retry.event_id AND m.parked_at IS NOT NULL AND NOT m.processed;
+    IF FOUND THEN
+        PERFORM outbox._wake_inbox_at_commit();
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM outbox.inbox_message m WHERE m.event_id = inbox_retry.event_id) THEN
+        RAISE EXCEPTION 'outbox.inbox_retry: no inbox message with event_id %', inbox_retry.event_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- ==== issue 30, the inbox keeps what it received, exactly: begin ====
+-- Records whose event_id header the consumer could not use as their id
+-- (empty, not UTF-8, not a UUID), per topic: they are stored with an id
+-- derived from their place in Kafka, and outbox.inbox_stats says so.  The
+-- notes are the consumer's own words: never a header's or a record's data.
+CREATE TABLE outbox.inbox_intake (
+    topic              text        PRIMARY KEY,
+    derived_event_ids  bigint      NOT NULL DEFAULT 0,
+    last_note          text,
+    last_note_at       timestamptz
+);
+REVOKE ALL ON outbox.inbox_intake FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.inbox_intake', '');
+
 -- outbox.inbox_write: for services that consume Kafka in their own code.
 -- Stores a received record in the inbox in the caller's transaction; true
--- when it is new, false for a duplicate (the event_id is known already).
-CREATE FUNCTION outbox.inbox_write(event_id uuid, topic text, payload jsonb,
+-- when it is new, false for a duplicate (the event_id is known already for
+-- this topic).  The headers' bytes are their UTF-8.
+CREATE OR REPLACE FUNCTION outbox.inbox_write(event_id uuid, topic text, payload jsonb,
                                               headers jsonb DEFAULT '{}')
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
@@ -563,9 +624,13 @@ BEGIN
                       DETAIL = 'Header "' || bad || '" is not a string.';
         END IF;
     END IF;
-    INSERT INTO outbox.inbox_message (event_id, topic, payload, value, headers)
-    VALUES (inbox_write.event_id, inbox_write.topic, inbox_write.payload,
-            convert_to(inbox_write.payload::text, 'UTF8'), coalesce(inbox_write.headers, '{}'))
+    INSERT INTO outbox.inbox_message (event_id, topic, payload, value, headers, header_names,
+                                      header_values)
+    SELECT inbox_write.event_id, inbox_write.topic, inbox_write.payload,
+           convert_to(inbox_write.payload::text, 'UTF8'), coalesce(inbox_write.headers, '{}'),
+           coalesce(array_agg(convert_to(h.key, 'UTF8') ORDER BY h.key), '{}'),
+           coalesce(array_agg(convert_to(h.value, 'UTF8') ORDER BY h.key), '{}')
+      FROM jsonb_each_text(coalesce(inbox_write.headers, '{}')) AS h
     ON CONFLICT ON CONSTRAINT inbox_message_pkey DO NOTHING;
     IF FOUND THEN
         PERFORM outbox._wake_inbox_at_commit();
@@ -574,41 +639,42 @@ BEGIN
 END
 $$;
 
--- Inbox records whose handler failed outbox.max_attempts times, with the
--- payload (a handler usually fails on what is in it).
-CREATE VIEW outbox.inbox_parked AS
-    SELECT event_id, topic, key, received_at, parked_at, attempts, last_error, payload
-      FROM outbox.inbox_message
-     WHERE parked_at IS NOT NULL AND NOT processed;
-
--- outbox.inbox_retry: puts a parked inbox record back in line.
-CREATE FUNCTION outbox.inbox_retry(event_id uuid)
+-- outbox.inbox_retry(event_id, topic): puts the parked record of `topic`
+-- with that id back in line (inbox_retry(event_id) puts back every parked
+-- record with that id, of any topic).
+CREATE FUNCTION outbox.inbox_retry(event_id uuid, topic text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF inbox_retry.event_id IS NULL THEN
-        RAISE EXCEPTION 'outbox.inbox_retry: event_id must not be NULL'
+    IF inbox_retry.event_id IS NULL OR inbox_retry.topic IS NULL THEN
+        RAISE EXCEPTION 'outbox.inbox_retry: event_id and topic must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     UPDATE outbox.inbox_message m SET parked_at = NULL, attempts = 0, next_attempt_at = NULL
-     WHERE m.event_id = inbox_retry.event_id AND m.parked_at IS NOT NULL AND NOT m.processed;
+     WHERE m.event_id = inbox_retry.event_id AND m.topic = inbox_retry.topic
+       AND m.parked_at IS NOT NULL AND NOT m.processed;
     IF FOUND THEN
         PERFORM outbox._wake_inbox_at_commit();
         RETURN true;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM outbox.inbox_message m WHERE m.event_id = inbox_retry.event_id) THEN
-        RAISE EXCEPTION 'outbox.inbox_retry: no inbox message with event_id %', inbox_retry.event_id
+    IF NOT EXISTS (SELECT 1 FROM outbox.inbox_message m
+                    WHERE m.event_id = inbox_retry.event_id AND m.topic = inbox_retry.topic) THEN
+        RAISE EXCEPTION 'outbox.inbox_retry: no inbox message with event_id % in topic "%"',
+                        inbox_retry.event_id, inbox_retry.topic
             USING ERRCODE = 'no_data_found';
     END IF;
     RETURN false;
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.inbox_retry(uuid, text) FROM PUBLIC;
 
--- Per subscribed topic: what waits, how fast it is handled, what is parked.
+-- Per subscribed topic: what waits, how fast it is handled, what is parked,
+-- and how many records came with an event_id header that could not be their
+-- id (the consumer's note says why, in its own words).
 -- (handled_per_second counts the last 10 seconds.)
-CREATE VIEW outbox.inbox_stats AS
+CREATE OR REPLACE VIEW outbox.inbox_stats AS
     SELECT s.topic, s.handler, s.owner,
            (SELECT count(*) FROM outbox.inbox_message m
              WHERE NOT m.processed AND m.topic = s.topic AND m.parked_at IS NULL) AS waiting,
@@ -621,8 +687,15 @@ CREATE VIEW outbox.inbox_stats AS
            (SELECT count(*) FROM outbox.inbox_message m
              WHERE m.processed AND m.topic = s.topic
                AND m.processed_at > pg_catalog.clock_timestamp() - interval '10 seconds')::double precision
-               / 10 AS handled_per_second
+               / 10 AS handled_per_second,
+           coalesce((SELECT i.derived_event_ids FROM outbox.inbox_intake i WHERE i.topic = s.topic),
+                    0) AS derived_event_ids,
+           (SELECT i.last_note FROM outbox.inbox_intake i WHERE i.topic = s.topic)
+               AS last_intake_note,
+           (SELECT i.last_note_at FROM outbox.inbox_intake i WHERE i.topic = s.topic)
+               AS last_intake_note_at
       FROM outbox.inbox_subscription s;
+-- ==== issue 30: end ====
 GRANT SELECT ON outbox.inbox_stats TO pg_monitor;
 
 -- outbox._topic_error and outbox._wake_inbox_at_commit stay executable (by

@@ -42,7 +42,7 @@ PREPARE first_id_since(uuid) AS SELECT id, message_id FROM outbox.outbox_message
 EXPLAIN (COSTS OFF) EXECUTE first_id_since('00000000-0000-7000-8000-000000000000');
 PREPARE retention_processed(timestamptz, int, timestamptz) AS DELETE FROM outbox.processed_event WHERE event_id IN (SELECT event_id FROM outbox.processed_event WHERE expires_at >= $3 AND expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND expires_at < $1 RETURNING expires_at;
 EXPLAIN (COSTS OFF) EXECUTE retention_processed(now(), 1000, '-infinity');
-PREPARE retention_inbox(timestamptz, int, timestamptz) AS DELETE FROM outbox.inbox_message WHERE event_id IN (SELECT event_id FROM outbox.inbox_message WHERE processed AND processed_at >= $3 AND processed_at < $1 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND processed AND processed_at < $1 RETURNING processed_at;
+PREPARE retention_inbox(timestamptz, int, timestamptz) AS DELETE FROM outbox.inbox_message WHERE (event_id, topic) IN (SELECT event_id, topic FROM outbox.inbox_message WHERE processed AND processed_at >= $3 AND processed_at < $1 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND processed AND processed_at < $1 RETURNING processed_at;
 EXPLAIN (COSTS OFF) EXECUTE retention_inbox(now(), 1000, '-infinity');
 PREPARE straggler(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
 SELECT * FROM pg_temp.scans($$EXECUTE straggler(100, true)$$);
@@ -79,8 +79,8 @@ SELECT gen_random_uuid(), '2026-01-01'::timestamptz + (i / 5000) * interval '1 s
 ANALYZE outbox.inbox_message;
 EXPLAIN (COSTS OFF) EXECUTE inbox_claim(100, 'payments', 1, 0, '{}');
 TRUNCATE outbox.inbox_message;
-PREPARE inbox_done(uuid[]) AS UPDATE outbox.inbox_message SET processed = true, processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL WHERE event_id = ANY($1);
-EXPLAIN (COSTS OFF) EXECUTE inbox_done('{00000000-0000-7000-8000-000000000001}');
+PREPARE inbox_done(uuid[], text) AS UPDATE outbox.inbox_message SET processed = true, processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL WHERE event_id = ANY($1) AND topic = $2;
+EXPLAIN (COSTS OFF) EXECUTE inbox_done('{00000000-0000-7000-8000-000000000001}', 'payments');
 RESET enable_sort;
 RESET enable_incremental_sort;
 RESET search_path;

@@ -56,6 +56,12 @@ GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb) TO regress_outb
 ALTER EXTENSION outbox UPDATE TO '1.1';
 CREATE ROLE regress_outbox_old_subscriber;
 GRANT INSERT, UPDATE, DELETE ON outbox.inbox_subscription TO regress_outbox_old_subscriber;
+-- Inbox records stored before 1.4, when an id was unique per database:
+-- the update keeps every one, processed or not.
+INSERT INTO outbox.inbox_message (event_id, topic, payload, headers, processed)
+VALUES ('00000000-0000-7000-8000-0000000000a1', 'payments.events', '{"n": 1}', '{"trace": "t1"}', true),
+       ('00000000-0000-7000-8000-0000000000a2', 'payments.events', '{"n": 2}', '{}', false),
+       ('00000000-0000-7000-8000-0000000000a3', 'orders.events', '{"n": 3}', '{}', false);
 
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
@@ -67,6 +73,17 @@ SELECT key, payload, is_binary FROM outbox.outbox_message;
 SELECT outbox.mark_processed('evt-before-upgrade') AS marked_again;
 SELECT pending FROM outbox.stats;
 SELECT outbox.replay('2000-01-01') AS replayed;
+-- The inbox records are all there, as they were (their headers' bytes were
+-- not kept before 1.4: NULL).  An id is unique per topic now: the same id
+-- on another topic is another record, on the same topic a duplicate.
+SELECT event_id, topic, payload, headers, processed, header_names IS NULL AS no_header_bytes
+  FROM outbox.inbox_message ORDER BY event_id, topic;
+SELECT outbox.inbox_write('00000000-0000-7000-8000-0000000000a3', 'payments.events', '{"n": 4}',
+                          '{"trace": "t4"}') AS same_id_other_topic;
+SELECT outbox.inbox_write('00000000-0000-7000-8000-0000000000a3', 'orders.events', '{"n": 5}')
+       AS same_id_same_topic;
+SELECT topic, payload, header_names, header_values FROM outbox.inbox_message
+ WHERE event_id = '00000000-0000-7000-8000-0000000000a3' ORDER BY topic;
 SELECT outbox.write('order.events', 'after-upgrade', '{"n": 2}', partition => 1) IS NOT NULL AS wrote;
 SELECT outbox.write_bytes('order.events', 'k'::bytea, NULL) IS NOT NULL AS tombstone;
 SELECT count(*) FROM outbox.outbox_message;

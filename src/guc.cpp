@@ -20,6 +20,7 @@ char *outbox_brokers = nullptr;
 char *outbox_kafka_config = nullptr;
 char *outbox_kafka_config_file = nullptr;
 int outbox_batch_size = 5000;
+int outbox_inbox_batch_bytes_kb = 16 * 1024;
 int outbox_poll_interval_ms = 1000;
 int outbox_batch_timeout_ms = 5000;
 int outbox_linger_ms = 10;
@@ -196,6 +197,13 @@ void outbox_define_gucs(void) {
         "outbox.batch_size",
         "Most messages a relay claims, or records the inbox consumer stores, at once.", nullptr,
         &outbox_batch_size, 5000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+
+    DefineCustomIntVariable(
+        "outbox.inbox_batch_bytes", "Most bytes of records the inbox consumer stores at once.",
+        "Keys, values and headers of a batch; the record that crosses it is the batch's last "
+        "(the first always comes), so a batch holds at most this and one record more.",
+        &outbox_inbox_batch_bytes_kb, 16 * 1024, 64, 1024 * 1024, PGC_SIGHUP, GUC_UNIT_KB, nullptr,
+        nullptr, nullptr);
 
     DefineCustomIntVariable(
         "outbox.poll_interval", "Fallback poll when no commit wakes a worker.",

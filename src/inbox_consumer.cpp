@@ -3,18 +3,27 @@
 // Reads the topics of outbox.inbox_topics as consumer group
 // <outbox.inbox_group>-<database> (default outbox-<database>: every
 // database has its own group, so each gets every record) and, batch by batch:
-//   1. stores the records in outbox.inbox_message in one transaction (a
-//      known event_id is a no-op; a record without a UUID event_id header
-//      gets one derived from where and when it is in Kafka);
+//   1. stores the records in outbox.inbox_message in one transaction (an
+//      event_id known for the record's topic is a no-op; a record without a
+//      UUID event_id header gets one derived from where and when it is in
+//      Kafka, and outbox.inbox_intake counts those whose header was there
+//      but unusable);
 //   2. commits that transaction with synchronous_commit = on, whatever the
 //      server or the database says, so that the rows are on disk;
 //   3. wakes the handlers, and only then commits the batch's offsets.
 // A crash anywhere loses nothing: before 2 the records come again; between
-// 2 and 3 they come again and are dropped as duplicates.
+// 2 and 3 they come again and are dropped as duplicates.  A batch holds at
+// most outbox.batch_size records and outbox.inbox_batch_bytes of them (and
+// one record more).  A record that cannot be stored at all (an error that
+// is not its value's) is not skipped: the batch is rewound to it, its
+// SQLSTATE and topic reach outbox.worker_stats, and it is tried again after
+// a pause.  The error's own text, which may quote the record, is logged
+// only at DEBUG1.
 //
 // Each record is kept whole: its value's and key's exact bytes (value,
 // key_bytes), and, for handlers, the key as text, the value as JSON and the
-// headers as a JSON object, all in the database's encoding.  A value that is
+// headers as a JSON object, all in the database's encoding, and the headers'
+// exact bytes (header_names, header_values).  A value that is
 // not JSON, or that holds a character the database's encoding lacks, is
 // {"raw_base64": ...}; a key or header with such a character has it written
 // as \xNN escapes of its UTF-8; a value jsonb refuses is {"raw_text": ...}
@@ -65,6 +74,9 @@ struct ConsumerState {
     bool secrets_ok = true;
     char last_error[512] = "";
     bool said_idle = false;
+    long backoff_ms = 0;        // after a record that could not be stored
+    TimestampTz retry_at = 0;   // ... the next poll not before then
+    char said_store_error[320] = "";
 };
 
 ConsumerState *state(OutboxWorker *w) { return static_cast<ConsumerState *>(w->state); }
@@ -94,6 +106,15 @@ void consumer_disconnect(ConsumerState *st) noexcept {
 
 bool secrets_changed(const ConsumerState *st) noexcept {
     return !outbox::kafka::same_properties(st->secrets, st->consumer->secrets());
+}
+
+bool rewind_batch(ConsumerState *st, char *err, std::size_t errlen) noexcept {
+    try {
+        std::string error;
+        return st->consumer->rewind(error) || report_error(err, errlen, error);
+    } catch (...) {
+        return report_error(err, errlen, "out of memory");
+    }
 }
 
 bool commit_offsets(ConsumerState *st, char *err, std::size_t errlen) noexcept {
@@ -172,6 +193,34 @@ char *raw_base64(const std::string &bytes) {
     return out.data;
 }
 
+// The literal of a bytea[] holding `values` (hex), for the insert's text[]
+// parameters: one array per record, whatever its size.
+char *bytea_array_literal(const std::vector<std::pair<std::string, std::string>> &headers,
+                          const std::vector<bool> &has_value, bool names) {
+    static const char hex[] = "0123456789abcdef";
+    StringInfoData out;
+    initStringInfo(&out);
+    appendStringInfoChar(&out, '{');
+    for (std::size_t k = 0; k < headers.size(); k++) {
+        if (k > 0) appendStringInfoChar(&out, ',');
+        if (!names && !has_value[k]) {
+            appendStringInfoString(&out, "NULL");
+            continue;
+        }
+        const std::string &b = names ? headers[k].first : headers[k].second;
+        enlargeStringInfo(&out, static_cast<int>(b.size() * 2 + 8));
+        appendStringInfoString(&out, "\"\\\\x");
+        for (unsigned char c : b) {
+            out.data[out.len++] = hex[c >> 4];
+            out.data[out.len++] = hex[c & 15];
+        }
+        out.data[out.len] = '\0';
+        appendStringInfoChar(&out, '"');
+    }
+    appendStringInfoChar(&out, '}');
+    return out.data;
+}
+
 // Record i of the batch as a row for outbox.inbox_message.
 void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     const outbox::kafka::InRecord &r = st->consumer->record(i);
@@ -201,6 +250,9 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     }
     appendStringInfoChar(&h, '}');
     row->headers = h.data;
+    row->header_names = bytea_array_literal(r.headers, r.header_has_value, true);
+    row->header_values = bytea_array_literal(r.headers, r.header_has_value, false);
+    row->event_id_note = r.event_id_note.empty() ? nullptr : r.event_id_note.c_str();
 }
 
 struct StoreCall {
@@ -215,18 +267,90 @@ void store_call(void *arg) {
     c->inserted += c->raw ? outbox_inbox_insert_raw(c->rows) : outbox_inbox_insert(c->rows, c->n);
 }
 
-// Stores rows in a subtransaction; false (the error logged at DEBUG1) when
-// it failed, which rolls back only the subtransaction.
+// Stores rows in a subtransaction; false (the error logged at DEBUG1: it
+// may quote a record) when it failed, which rolls back only the
+// subtransaction.
 bool store_guarded(OutboxWorker *w, const OutboxInboxRow *rows, int n, bool raw,
-                   int64 *inserted) {
+                   int64 *inserted, int *sqlerrcode = nullptr) {
     StoreCall call{rows, n, raw, 0};
     char *error = nullptr;
-    if (!outbox_worker_subtransaction(store_call, &call, &error)) {
+    int code = 0;
+    if (!outbox_worker_subtransaction(store_call, &call, &error, &code)) {
         ereport(DEBUG1, (errmsg("%s: storing records failed: %s", w->label, error)));
+        if (sqlerrcode) *sqlerrcode = code;
         return false;
     }
     *inserted += call.inserted;
     return true;
+}
+
+// An error of the value's own (jsonb refuses it: a syntax it does not take,
+// \u0000, a size past its limits): the record is kept with its JSON as text.
+bool value_error(int sqlerrcode) {
+    int cls = ERRCODE_TO_CATEGORY(sqlerrcode);
+    return cls == ERRCODE_DATA_EXCEPTION || cls == ERRCODE_PROGRAM_LIMIT_EXCEEDED;
+}
+
+// The records of `rows` whose event_id header could not be their id, per
+// topic, into outbox.inbox_intake (in the batch's transaction).
+void note_intake(OutboxWorker *w, const OutboxInboxRow *rows, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].event_id_note) continue;
+        bool seen = false;
+        for (int k = 0; k < i && !seen; k++)
+            seen = rows[k].event_id_note && strcmp(rows[k].topic, rows[i].topic) == 0;
+        if (seen) continue;
+        int64 count = 0;
+        const char *last = nullptr;
+        for (int k = i; k < n; k++)
+            if (rows[k].event_id_note && strcmp(rows[k].topic, rows[i].topic) == 0) {
+                count++;
+                last = rows[k].event_id_note;
+            }
+        char note[256];
+        snprintf(note, sizeof note, "%s: the record's id was derived from its place in Kafka",
+                 last);
+        outbox_inbox_note_intake(rows[i].topic, count, note);
+        ereport(DEBUG1, (errmsg("%s: %lld record(s) of \"%s\" came with %s", w->label,
+                                static_cast<long long>(count), rows[i].topic, last)));
+    }
+}
+
+// A record that could not be stored: what outbox.worker_stats (pg_monitor,
+// every database) and the log get names where it is and the SQLSTATE,
+// never the error's text (a trigger's or a constraint's message may quote
+// the record); the batch is rewound so that it comes again, after a pause.
+void refuse_batch(OutboxWorker *w, const OutboxInboxRow &row, int sqlerrcode) {
+    ConsumerState *st = state(w);
+    const char *code = unpack_sql_state(sqlerrcode);
+    st->backoff_ms = st->backoff_ms == 0 ? 1000 : Min(st->backoff_ms * 2, 30000L);
+    st->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), st->backoff_ms);
+    char text[512];
+    snprintf(text, sizeof text,
+             "storing a record of topic \"%s\" failed with SQLSTATE %s; it comes again (the "
+             "error's text, which may quote the record, is logged at DEBUG1)",
+             row.topic, code);
+    outbox_stats_error(text);
+    char key[sizeof st->said_store_error];
+    snprintf(key, sizeof key, "%s/%s", code, row.topic);
+    if (strcmp(key, st->said_store_error) != 0) {
+        ereport(WARNING,
+                (errmsg("%s: could not store the record at \"%s\" [%d] offset %lld (SQLSTATE %s); "
+                        "it comes again, and so do the later records of its batch",
+                        w->label, row.topic, row.partition, static_cast<long long>(row.offset),
+                        code),
+                 errdetail("The error's text may quote the record: it is logged at DEBUG1 only."),
+                 errhint("A trigger or a constraint on outbox.inbox_message, or a full disk, "
+                         "can cause this; nothing is skipped.")));
+        strlcpy(st->said_store_error, key, sizeof st->said_store_error);
+    }
+    char err[256];
+    if (!rewind_batch(st, err, sizeof err)) {
+        // Could not seek: start over from the committed offsets.
+        ereport(WARNING, (errmsg("%s: rewinding the batch failed (%s); reconnecting", w->label,
+                                 err)));
+        consumer_disconnect(st);
+    }
 }
 
 // One batch: store, commit, wake the handlers, commit the offsets.
@@ -240,21 +364,36 @@ void store_batch(OutboxWorker *w, int n) {
     OutboxInboxRow *rows = static_cast<OutboxInboxRow *>(palloc(sizeof(OutboxInboxRow) * n));
     for (int i = 0; i < n; i++) prepare(st, static_cast<std::size_t>(i), &rows[i]);
     int64 inserted = 0;
+    int refused = -1, refused_code = 0;
     if (!store_guarded(w, rows, n, false, &inserted)) {
         // Record by record; a value jsonb refuses is kept as text.
-        for (int i = 0; i < n; i++)
-            if (!store_guarded(w, &rows[i], 1, false, &inserted)) {
+        for (int i = 0; i < n && refused < 0; i++) {
+            int code = 0;
+            if (store_guarded(w, &rows[i], 1, false, &inserted, &code)) continue;
+            if (value_error(code) && store_guarded(w, &rows[i], 1, true, &inserted, &code)) {
                 ereport(WARNING, (errmsg("%s: the value at %s [%d] offset %lld is not valid jsonb; "
                                          "stored as {\"raw_text\": ...}",
                                          w->label, rows[i].topic, rows[i].partition,
                                          static_cast<long long>(rows[i].offset))));
-                StoreCall call{&rows[i], 1, true, 0};
-                store_call(&call);
-                inserted += call.inserted;
+                continue;
             }
+            refused = i;
+            refused_code = code;
+        }
     }
+    if (refused < 0) note_intake(w, rows, n);
+    // The records stored before a refused one are kept: they come again
+    // with it and are dropped as duplicates.
     outbox_worker_commit(w);
-    outbox_wake(OUTBOX_ROLE_INBOX_HANDLER, MyDatabaseId);
+    if (inserted > 0) outbox_wake(OUTBOX_ROLE_INBOX_HANDLER, MyDatabaseId);
+    if (refused >= 0) {
+        refuse_batch(w, rows[refused], refused_code);
+        outbox_stats_add(static_cast<uint64>(inserted), 1, 0);
+        return;
+    }
+    st->backoff_ms = 0;
+    st->retry_at = 0;
+    st->said_store_error[0] = '\0';
 
     // Only now may Kafka forget them.
     char err[256];
@@ -356,12 +495,19 @@ void consumer_start(OutboxWorker *w) {
 long consumer_turn(OutboxWorker *w) {
     ConsumerState *st = state(w);
     if (!ensure_consumer(w)) return outbox_poll_interval_ms;
-    int n = static_cast<int>(st->consumer->poll_batch(static_cast<std::size_t>(outbox_batch_size)));
+    if (st->retry_at != 0) {
+        // A record could not be stored: wait before it comes again.
+        long left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), st->retry_at);
+        if (left > 0) return left;
+    }
+    int n = static_cast<int>(st->consumer->poll_batch(
+        static_cast<std::size_t>(outbox_batch_size),
+        static_cast<std::size_t>(outbox_inbox_batch_bytes_kb) * 1024));
     report(w);
     if (n == 0) return outbox_poll_interval_ms;  // the pipe wakes us when records arrive
     store_batch(w, n);
     report(w);
-    return 0;
+    return st->backoff_ms;
 }
 
 void consumer_stop(OutboxWorker *w) {
@@ -372,7 +518,7 @@ void consumer_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kConsumer = {
-    OUTBOX_ROLE_INBOX_CONSUMER, "inbox consumer", false, true, kOutboxSchema12,
+    OUTBOX_ROLE_INBOX_CONSUMER, "inbox consumer", false, true, kOutboxSchema14,
     consumer_start,             consumer_turn,    consumer_reload, consumer_stop,
 };
 

@@ -244,13 +244,13 @@ void call_handler(void *arg) {
     // Whatever the handler set, SET LOCAL or not, goes with its nest level.
     AtEOXact_GUC(false, nest);
     SetUserIdAndSecContext(save_userid, save_sec_context);
-    outbox_inbox_done(c->event_ids, c->n);
+    outbox_inbox_done(c->sub->topic, c->event_ids, c->n);
 }
 
 // call_handler in a subtransaction; false with the error when it raised.
 // The handler's timeout never outlives the call, whichever way it ended.
 bool run_handler(HandlerCall *call, char **error, int *sqlerrcode) {
-    outbox_call_begin(call->event_ids, call->n);
+    outbox_call_begin(call->sub->topic, call->event_ids, call->n);
     bool ok = outbox_worker_subtransaction(call_handler, call, error, sqlerrcode);
     outbox_call_end();
     if (get_timeout_active(end_call_timeout)) disable_timeout(end_call_timeout, false);
@@ -280,14 +280,14 @@ void record_failure(OutboxWorker *w, const OutboxInboxClaim &r, const OutboxSubs
     counts->failed++;
     const char *handler = format_procedure(sub.handler);
     const char *code = unpack_sql_state(sqlerrcode);
-    if (outbox_inbox_failed(r.event_id, error, outbox_max_attempts)) {
+    if (outbox_inbox_failed(sub.topic, r.event_id, error, outbox_max_attempts)) {
         counts->parked++;
         ereport(WARNING,
                 (errmsg("%s: parked inbox message %s (topic \"%s\") after %d failed handler calls",
                         w->label, DatumGetCString(DirectFunctionCall1(uuid_out, r.event_id)),
                         sub.topic, outbox_max_attempts),
                  errdetail("The last call of %s failed with SQLSTATE %s.", handler, code),
-                 errhint("outbox.inbox_parked has its error text; outbox.inbox_retry(event_id) "
+                 errhint("outbox.inbox_parked has its error text; outbox.inbox_retry(event_id, topic) "
                          "puts it back.")));
     }
     char text[512];
@@ -391,10 +391,11 @@ int read_subscriptions(OutboxWorker *w, OutboxSubscription **subs, TimestampTz *
 // attempt of each of its records (parked after outbox.max_attempts).
 void charge_unfinished_call(OutboxWorker *w) {
     pg_uuid_t *ids;
+    char *topic = nullptr;
     char why[256];
     bool timed_out;
     if (!outbox_worker_begin(w, "pg outbox: counting an unfinished handler call")) return;
-    int n = outbox_call_take_unfinished(&ids, why, sizeof why, &timed_out);
+    int n = outbox_call_take_unfinished(&topic, &ids, why, sizeof why, &timed_out);
     if (n == 0) {
         outbox_worker_commit(w);
         return;
@@ -404,7 +405,8 @@ void charge_unfinished_call(OutboxWorker *w) {
                             : psprintf("the handler call ended its worker's process: %s", why);
     int parked = 0;
     for (int i = 0; i < n; i++)
-        if (outbox_inbox_failed(UUIDPGetDatum(&ids[i]), error, outbox_max_attempts)) parked++;
+        if (outbox_inbox_failed(topic, UUIDPGetDatum(&ids[i]), error, outbox_max_attempts))
+            parked++;
     outbox_worker_commit(w);
     outbox_stats_add(0, static_cast<uint64>(n), static_cast<uint64>(parked));
     ereport(WARNING, (errmsg("%s: a handler call ended this worker's previous process; counted "
@@ -461,7 +463,7 @@ long handler_turn(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kHandler = {
-    OUTBOX_ROLE_INBOX_HANDLER, "inbox handler", true, false, kOutboxSchema12,
+    OUTBOX_ROLE_INBOX_HANDLER, "inbox handler", true, false, kOutboxSchema14,
     handler_start,             handler_turn,    nullptr, nullptr,
 };
 

@@ -53,6 +53,7 @@ struct WorkerSlot {
     int call_n;  // 0: no call in progress
     bool call_timed_out;
     char call_error[256];
+    char call_topic[256];  // a Kafka topic name has at most 249 characters
     pg_uuid_t call_ids[outbox::policy::kMaxHandlerBatch];
 };
 
@@ -289,8 +290,9 @@ int64 outbox_relays_lowest_low_water(Oid database) {
     return lowest;
 }
 
-void outbox_call_begin(const Datum *event_ids, int n) {
+void outbox_call_begin(const char *topic, const Datum *event_ids, int n) {
     if (!my_slot) return;
+    strlcpy(my_slot->call_topic, topic, sizeof my_slot->call_topic);
     n = Min(n, static_cast<int>(lengthof(my_slot->call_ids)));
     for (int i = 0; i < n; i++) my_slot->call_ids[i] = *DatumGetUUIDP(event_ids[i]);
     my_slot->call_timed_out = false;
@@ -313,9 +315,11 @@ void outbox_call_forget_unless_timed_out(void) {
     if (my_slot && !my_slot->call_timed_out) my_slot->call_n = 0;
 }
 
-int outbox_call_take_unfinished(pg_uuid_t **ids, char *error, std::size_t len, bool *timed_out) {
+int outbox_call_take_unfinished(char **topic, pg_uuid_t **ids, char *error, std::size_t len,
+                                bool *timed_out) {
     if (!my_slot || my_slot->call_n <= 0) return 0;
     int n = my_slot->call_n;
+    *topic = pstrdup(my_slot->call_topic);
     *ids = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t) * n));
     memcpy(*ids, my_slot->call_ids, sizeof(pg_uuid_t) * n);
     strlcpy(error, my_slot->call_error, len);

@@ -9,6 +9,7 @@ extern char *outbox_brokers;
 extern char *outbox_kafka_config;
 extern char *outbox_kafka_config_file;
 extern int outbox_batch_size;
+extern int outbox_inbox_batch_bytes_kb;  // outbox.inbox_batch_bytes, in kB
 extern int outbox_poll_interval_ms;
 extern int outbox_batch_timeout_ms;
 extern int outbox_inbox_handler_timeout_ms;

@@ -89,8 +89,8 @@ int64 outbox_relays_lowest_low_water(Oid database);
 // process counts the call as a failed attempt (and parks the records after
 // outbox.max_attempts) instead of calling it again for ever.
 
-// Before a call: its records' event ids (uuid Datums).
-void outbox_call_begin(const Datum *event_ids, int n);
+// Before a call: its records' topic and event ids (uuid Datums).
+void outbox_call_begin(const char *topic, const Datum *event_ids, int n);
 // After it, however it ended without ending the process.
 void outbox_call_end(void);
 // The call is ending the process: why (`timed_out`: it ran past its time
@@ -101,8 +101,10 @@ void outbox_call_note_end(const char *text, bool timed_out);
 // not counted, unless it had run past its time already.
 void outbox_call_forget_unless_timed_out(void);
 // For a handler that starts: the call its previous process did not finish,
-// if any: its n records (palloc'd) and why it ended.  Clears it.
-int outbox_call_take_unfinished(pg_uuid_t **ids, char *error, std::size_t len, bool *timed_out);
+// if any: its n records (their topic and ids, palloc'd) and why it ended.
+// Clears it.
+int outbox_call_take_unfinished(char **topic, pg_uuid_t **ids, char *error, std::size_t len,
+                                bool *timed_out);
 
 // One slot's counters, copied out under its lock.
 struct OutboxSlotStats {

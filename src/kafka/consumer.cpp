@@ -151,34 +151,60 @@ bool Consumer::take(rd_kafka_message_t *m) {
             r.value.assign(static_cast<const char *>(m->payload), m->len);
             r.value_is_json = json::is_json_text(m->payload, m->len);
         }
+        r.bytes = r.key.size() + r.value.size();
         rd_kafka_headers_t *hdrs = nullptr;
         if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
             const char *name;
             const void *val;
             size_t size;
-            for (size_t i = 0; !rd_kafka_header_get_all(hdrs, i, &name, &val, &size); i++)
+            for (size_t i = 0; !rd_kafka_header_get_all(hdrs, i, &name, &val, &size); i++) {
                 r.headers.emplace_back(std::string(name),
                                        val ? std::string(static_cast<const char *>(val), size)
                                            : std::string());
+                r.header_has_value.push_back(val != nullptr);
+                r.bytes += r.headers.back().first.size() + r.headers.back().second.size();
+            }
         }
-        for (const auto &h : r.headers)
-            if (h.first == "event_id" && json::is_uuid_text(h.second)) r.event_id = h.second;
+        // The last event_id header is the record's id (as Kafka's
+        // Headers.lastHeader() reads it) when it is a UUID; otherwise the
+        // id is derived, and the note says why, without the header's bytes.
+        for (std::size_t i = r.headers.size(); i-- > 0;) {
+            if (r.headers[i].first != "event_id") continue;
+            const std::string &v = r.headers[i].second;
+            if (json::is_uuid_text(v))
+                r.event_id = v;
+            else if (v.empty())
+                r.event_id_note = "an event_id header without a value";
+            else if (!json::is_valid_utf8(v.data(), v.size()))
+                r.event_id_note = "an event_id header that is not valid UTF-8";
+            else if (v.size() > 36)
+                r.event_id_note =
+                    "an event_id header of " + std::to_string(v.size()) + " bytes (a UUID has 36)";
+            else
+                r.event_id_note = "an event_id header that is not a UUID";
+            break;
+        }
         records_.push_back(std::move(r));
         next_offsets_[{records_.back().topic, m->partition}] = m->offset + 1;
+        first_offsets_.emplace(std::make_pair(records_.back().topic, m->partition), m->offset);
+        batch_bytes_ += records_.back().bytes;
         return true;
     } catch (...) {
         return false;
     }
 }
 
-std::size_t Consumer::poll_batch(std::size_t max) noexcept {
+std::size_t Consumer::poll_batch(std::size_t max, std::size_t max_bytes) noexcept {
     try {
         records_.clear();
+        records_.shrink_to_fit();  // a batch of large records leaves no capacity behind
         next_offsets_.clear();
+        first_offsets_.clear();
+        batch_bytes_ = 0;
     } catch (...) {
         return 0;
     }
-    while (records_.size() < max) {
+    while (records_.size() < max && batch_bytes_ < max_bytes) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk_, 0);
         if (!m) break;
         if (m->err) {
@@ -213,6 +239,34 @@ std::size_t Consumer::poll_batch(std::size_t max) noexcept {
         rd_kafka_message_destroy(m);
     }
     return records_.size();
+}
+
+bool Consumer::rewind(std::string &error) noexcept {
+    try {
+        if (first_offsets_.empty()) return true;
+        rd_kafka_topic_partition_list_t *at =
+            rd_kafka_topic_partition_list_new(static_cast<int>(first_offsets_.size()));
+        for (const auto &o : first_offsets_)
+            rd_kafka_topic_partition_list_add(at, o.first.first.c_str(), o.first.second)->offset =
+                o.second;
+        rd_kafka_error_t *err = rd_kafka_seek_partitions(rk_, at, 5000);
+        bool ok = true;
+        if (err) {
+            error = rd_kafka_error_string(err);
+            rd_kafka_error_destroy(err);
+            ok = false;
+        }
+        for (int i = 0; ok && i < at->cnt; i++)
+            if (at->elems[i].err) {
+                error = rd_kafka_err2str(at->elems[i].err);
+                ok = false;
+            }
+        rd_kafka_topic_partition_list_destroy(at);
+        return ok;
+    } catch (const std::exception &e) {
+        error = e.what();
+        return false;
+    }
 }
 
 bool Consumer::commit(std::string &error) noexcept {

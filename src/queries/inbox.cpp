@@ -15,14 +15,17 @@ namespace sql = outbox::sql::inbox;
 
 namespace {
 
-OutboxQuery insert_query = {"storing inbox records", sql::kInsert, 10,
+OutboxQuery insert_query = {"storing inbox records", sql::kInsert, 12,
                             {TEXTARRAYOID, TEXTARRAYOID, TEXTARRAYOID, BYTEAARRAYOID, TEXTARRAYOID,
-                             BYTEAARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID},
+                             BYTEAARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID,
+                             TEXTARRAYOID, TEXTARRAYOID},
                             SPI_OK_INSERT, nullptr};
-OutboxQuery insert_raw_query = {
-    "storing an inbox record", sql::kInsertRaw, 10,
-    {TEXTOID, TEXTOID, TEXTOID, BYTEAOID, TEXTOID, BYTEAOID, TEXTOID, INT4OID, INT8OID, INT8OID},
-    SPI_OK_INSERT, nullptr};
+OutboxQuery insert_raw_query = {"storing an inbox record", sql::kInsertRaw, 12,
+                                {TEXTOID, TEXTOID, TEXTOID, BYTEAOID, TEXTOID, BYTEAOID, TEXTOID,
+                                 INT4OID, INT8OID, INT8OID, TEXTOID, TEXTOID},
+                                SPI_OK_INSERT, nullptr};
+OutboxQuery note_intake_query = {"noting inbox intake", sql::kNoteIntake, 3,
+                                 {TEXTOID, INT8OID, TEXTOID}, SPI_OK_INSERT, nullptr};
 OutboxQuery subscriptions_query = {"reading inbox subscriptions", sql::kSubscriptions, 0, {},
                                    SPI_OK_SELECT, nullptr};
 OutboxQuery retrying_query = {"reading retrying inbox keys", sql::kRetryingKeys, 1, {TEXTOID},
@@ -32,10 +35,10 @@ OutboxQuery claim_query = {"claiming inbox records", sql::kClaim, 5,
                            nullptr};
 OutboxQuery next_retry_query = {"reading inbox retries", sql::kNextRetry, 0, {}, SPI_OK_SELECT,
                                 nullptr};
-OutboxQuery done_query = {"marking inbox records processed", sql::kDone, 1, {UUIDARRAYOID},
-                          SPI_OK_UPDATE, nullptr};
-OutboxQuery failed_query = {"recording a failed handler call", sql::kFailed, 5,
-                            {UUIDOID, TEXTOID, INT4OID, FLOAT8OID, FLOAT8OID},
+OutboxQuery done_query = {"marking inbox records processed", sql::kDone, 2,
+                          {UUIDARRAYOID, TEXTOID}, SPI_OK_UPDATE, nullptr};
+OutboxQuery failed_query = {"recording a failed handler call", sql::kFailed, 6,
+                            {UUIDOID, TEXTOID, INT4OID, FLOAT8OID, FLOAT8OID, TEXTOID},
                             SPI_OK_UPDATE_RETURNING, nullptr};
 
 Datum bytea_array(bytea *const *values, int n) {
@@ -69,7 +72,7 @@ int64 outbox_inbox_insert(const OutboxInboxRow *rows, int n) {
         offsets[i] = rows[i].offset;
         stamps[i] = rows[i].timestamp;
     }
-    Datum values[10] = {
+    Datum values[12] = {
         strings([](const OutboxInboxRow &r) { return r.event_id; }),
         strings([](const OutboxInboxRow &r) { return r.topic; }),
         strings([](const OutboxInboxRow &r) { return r.key; }),
@@ -79,12 +82,14 @@ int64 outbox_inbox_insert(const OutboxInboxRow *rows, int n) {
         strings([](const OutboxInboxRow &r) { return r.headers; }),
         PointerGetDatum(construct_array(partitions, n, INT4OID, 4, true, TYPALIGN_INT)),
         outbox_int8_array(offsets, n),
-        outbox_int8_array(stamps, n)};
+        outbox_int8_array(stamps, n),
+        strings([](const OutboxInboxRow &r) { return r.header_names; }),
+        strings([](const OutboxInboxRow &r) { return r.header_values; })};
     return static_cast<int64>(outbox_run(&insert_query, values, nullptr, 0));
 }
 
 int64 outbox_inbox_insert_raw(const OutboxInboxRow *row) {
-    Datum values[10] = {row->event_id ? CStringGetTextDatum(row->event_id) : 0,
+    Datum values[12] = {row->event_id ? CStringGetTextDatum(row->event_id) : 0,
                         CStringGetTextDatum(row->topic),
                         row->key ? CStringGetTextDatum(row->key) : 0,
                         PointerGetDatum(row->key_bytes),
@@ -93,10 +98,18 @@ int64 outbox_inbox_insert_raw(const OutboxInboxRow *row) {
                         CStringGetTextDatum(row->headers),
                         Int32GetDatum(row->partition),
                         Int64GetDatum(row->offset),
-                        Int64GetDatum(row->timestamp)};
-    char nulls[10] = {row->event_id ? ' ' : 'n', ' ', row->key ? ' ' : 'n',
-                      row->key_bytes ? ' ' : 'n', ' ', row->value ? ' ' : 'n', ' ', ' ', ' ', ' '};
+                        Int64GetDatum(row->timestamp),
+                        CStringGetTextDatum(row->header_names),
+                        CStringGetTextDatum(row->header_values)};
+    char nulls[12] = {row->event_id ? ' ' : 'n', ' ', row->key ? ' ' : 'n',
+                      row->key_bytes ? ' ' : 'n', ' ', row->value ? ' ' : 'n', ' ', ' ', ' ', ' ',
+                      ' ', ' '};
     return static_cast<int64>(outbox_run(&insert_raw_query, values, nulls, 0));
+}
+
+void outbox_inbox_note_intake(const char *topic, int64 n, const char *note) {
+    Datum values[3] = {CStringGetTextDatum(topic), Int64GetDatum(n), CStringGetTextDatum(note)};
+    outbox_run(&note_intake_query, values, nullptr, 0);
 }
 
 int outbox_inbox_subscriptions(OutboxSubscription **subs) {
@@ -164,17 +177,19 @@ int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char
     return n;
 }
 
-void outbox_inbox_done(const Datum *event_ids, int n) {
+void outbox_inbox_done(const char *topic, const Datum *event_ids, int n) {
     if (n == 0) return;
-    Datum values[1] = {PointerGetDatum(construct_array(const_cast<Datum *>(event_ids), n, UUIDOID,
-                                                       UUID_LEN, false, TYPALIGN_CHAR))};
+    Datum values[2] = {PointerGetDatum(construct_array(const_cast<Datum *>(event_ids), n, UUIDOID,
+                                                       UUID_LEN, false, TYPALIGN_CHAR)),
+                       CStringGetTextDatum(topic)};
     outbox_run(&done_query, values, nullptr, 0);
 }
 
-bool outbox_inbox_failed(Datum event_id, const char *error, int max_attempts) {
-    Datum values[5] = {event_id, CStringGetTextDatum(error), Int32GetDatum(max_attempts),
+bool outbox_inbox_failed(const char *topic, Datum event_id, const char *error, int max_attempts) {
+    Datum values[6] = {event_id, CStringGetTextDatum(error), Int32GetDatum(max_attempts),
                        Float8GetDatum(outbox::policy::kHandlerRetryBaseSeconds),
-                       Float8GetDatum(outbox::policy::kHandlerRetryCapSeconds)};
+                       Float8GetDatum(outbox::policy::kHandlerRetryCapSeconds),
+                       CStringGetTextDatum(topic)};
     uint64 n = outbox_run(&failed_query, values, nullptr, 0);
     bool isnull;
     return n > 0 && DatumGetBool(outbox_col(0, 1, &isnull));

@@ -40,7 +40,12 @@ struct InRecord {
     bool has_value = false;
     std::string value;           // the value's bytes (none: a tombstone)
     bool value_is_json = false;  // valid UTF-8 JSON
-    std::vector<std::pair<std::string, std::string>> headers;  // raw names and values
+    std::vector<std::pair<std::string, std::string>> headers;  // raw names and values, in order
+    std::vector<bool> header_has_value;  // per header: false when Kafka carried no value
+    // Why the (last) event_id header could not be the record's id, in our
+    // own words (never its bytes); "" when it could, or when there is none.
+    std::string event_id_note;
+    std::size_t bytes = 0;  // key, value and headers: what the record holds
 };
 
 class Consumer {
@@ -56,9 +61,11 @@ public:
     Consumer &operator=(const Consumer &) = delete;
 
     // Takes up to `max` records that have arrived (never blocks) and
-    // converts them; returns how many (see record()).  Errors and logs go to
-    // the log lines.  The previous batch is forgotten.
-    std::size_t poll_batch(std::size_t max) noexcept;
+    // converts them, stopping once they hold `max_bytes` (key, value and
+    // headers; the first always comes, so a batch holds at most `max_bytes`
+    // and one record more); returns how many (see record()).  Errors and
+    // logs go to the log lines.  The previous batch is forgotten.
+    std::size_t poll_batch(std::size_t max, std::size_t max_bytes = SIZE_MAX) noexcept;
     std::size_t count() const noexcept { return records_.size(); }
     const InRecord &record(std::size_t i) const noexcept { return records_[i]; }
 
@@ -80,6 +87,12 @@ public:
     // inside poll_batch()).
     void note_commit_result(int err) noexcept;
 
+    // Makes the records of the last batch come again: each of its
+    // partitions is sought back to the batch's first record there (the
+    // batch was not stored).  False with librdkafka's reason when a seek
+    // failed.
+    bool rewind(std::string &error) noexcept;
+
     // Leaves the group (bounded by librdkafka's own timeouts).
     void close() noexcept;
 
@@ -97,7 +110,9 @@ private:
     rd_kafka_queue_s *queue_ = nullptr;
     bool closed_ = false;
     std::vector<InRecord> records_;
-    std::map<std::pair<std::string, int32_t>, int64_t> next_offsets_;  // of the last batch
+    std::map<std::pair<std::string, int32_t>, int64_t> next_offsets_;   // of the last batch
+    std::map<std::pair<std::string, int32_t>, int64_t> first_offsets_;  // of the last batch
+    std::size_t batch_bytes_ = 0;                                       // of the last batch
     LogBuffer log_;
     BrokerState state_ = BrokerState::Unknown;
     std::string last_error_;

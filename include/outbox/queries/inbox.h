@@ -17,6 +17,9 @@ struct OutboxInboxRow {
     const char *payload;  // JSON text
     bytea *value;         // the value's exact bytes; nullptr: a tombstone
     const char *headers;  // JSON object text
+    const char *header_names;   // bytea[] literal: the headers' names as bytes, in order
+    const char *header_values;  // bytea[] literal: their values (NULL: none)
+    const char *event_id_note;  // why the event_id header was not the id; nullptr: no note
     int32 partition;
     int64 offset;
     int64 timestamp;  // ms; -1: none
@@ -27,6 +30,9 @@ struct OutboxInboxRow {
 int64 outbox_inbox_insert(const OutboxInboxRow *rows, int n);
 // Stores one record with its payload kept as {"raw_text": ...}.
 int64 outbox_inbox_insert_raw(const OutboxInboxRow *row);
+// Adds `n` records of `topic` whose event_id header could not be their id
+// to outbox.inbox_intake, with the last one's note.
+void outbox_inbox_note_intake(const char *topic, int64 n, const char *note);
 
 struct OutboxSubscription {
     char *topic;
@@ -56,10 +62,12 @@ struct OutboxInboxClaim {
 int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
                        int nblocked, int64 byte_budget, OutboxInboxClaim **rows);
 
-void outbox_inbox_done(const Datum *event_ids, int n);
+// Marks records of `topic` processed.
+void outbox_inbox_done(const char *topic, const Datum *event_ids, int n);
 
-// Records a failed handler call; true when that parked the record.
-bool outbox_inbox_failed(Datum event_id, const char *error, int max_attempts);
+// Records a failed handler call on a record of `topic`; true when that
+// parked the record.
+bool outbox_inbox_failed(const char *topic, Datum event_id, const char *error, int max_attempts);
 
 // When the earliest retry is due, or 0.
 TimestampTz outbox_inbox_next_retry(void);

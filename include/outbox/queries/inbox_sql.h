@@ -11,27 +11,32 @@ namespace outbox::sql::inbox {
 // again (offsets from 0) does not reuse the ids of the old records.
 // Arrays: $1 event ids (NULL: derive), $2 topics, $3 key text, $4 key bytes,
 // $5 payload JSON text, $6 value bytes, $7 headers JSON text, $8 partitions,
-// $9 offsets, $10 timestamps (ms, -1: none).  A producer sets the
+// $9 offsets, $10 timestamps (ms, -1: none), $11 and $12 the headers'
+// names and values (bytea[] literals, one per record).  An id is unique
+// per topic: the same id on another topic is another record.  A producer
+// sets the
 // timestamp it likes: one past the year 9999 (Postgres' timestamps end in
 // 294276) is stored as none rather than failing the batch again and again.
 inline constexpr const char kInsert[] =
     "INSERT INTO outbox.inbox_message"
     " (event_id, topic, key, key_bytes, payload, value, headers, kafka_partition, kafka_offset,"
-    " kafka_timestamp)"
+    " kafka_timestamp, header_names, header_values)"
     " SELECT coalesce(r.event_id::uuid,"
     " pg_catalog.md5(r.topic || '/' || r.kafka_partition || '/' || r.kafka_offset || '/' || r.ts)"
     "::uuid),"
     " r.topic, r.key, r.key_bytes, r.payload::jsonb, r.value, r.headers::jsonb,"
     " r.kafka_partition, r.kafka_offset,"
-    " CASE WHEN r.ts BETWEEN 0 AND 253402300799999 THEN pg_catalog.to_timestamp(r.ts::float8 / 1000) END"
+    " CASE WHEN r.ts BETWEEN 0 AND 253402300799999 THEN pg_catalog.to_timestamp(r.ts::float8 / 1000) END,"
+    " r.hn::bytea[], r.hv::bytea[]"
     " FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]),"
     " pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::bytea[]),"
     " pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::bytea[]),"
     " pg_catalog.unnest($7::text[]), pg_catalog.unnest($8::int4[]),"
-    " pg_catalog.unnest($9::int8[]), pg_catalog.unnest($10::int8[]))"
+    " pg_catalog.unnest($9::int8[]), pg_catalog.unnest($10::int8[]),"
+    " pg_catalog.unnest($11::text[]), pg_catalog.unnest($12::text[]))"
     " AS r(event_id, topic, key, key_bytes, payload, value, headers, kafka_partition,"
-    " kafka_offset, ts)"
-    " ON CONFLICT (event_id) DO NOTHING";
+    " kafka_offset, ts, hn, hv)"
+    " ON CONFLICT (event_id, topic) DO NOTHING";
 
 // One record whose payload Postgres' jsonb refuses (say a \u0000 escape):
 // its JSON is kept as text, its bytes in value; never dropped.  Arguments as
@@ -39,13 +44,22 @@ inline constexpr const char kInsert[] =
 inline constexpr const char kInsertRaw[] =
     "INSERT INTO outbox.inbox_message"
     " (event_id, topic, key, key_bytes, payload, value, headers, kafka_partition, kafka_offset,"
-    " kafka_timestamp)"
+    " kafka_timestamp, header_names, header_values)"
     " VALUES (coalesce($1::uuid,"
     " pg_catalog.md5($2 || '/' || $8 || '/' || $9 || '/' || $10)::uuid),"
     " $2, $3, $4, pg_catalog.jsonb_build_object('raw_text', $5::text), $6, $7::jsonb, $8, $9,"
     " CASE WHEN $10 BETWEEN 0 AND 253402300799999 THEN pg_catalog.to_timestamp($10::float8 / 1000)"
-    " END)"
-    " ON CONFLICT (event_id) DO NOTHING";
+    " END, $11::bytea[], $12::bytea[])"
+    " ON CONFLICT (event_id, topic) DO NOTHING";
+
+// Records of topic $1 whose event_id header could not be their id: $2 more,
+// the last one's note $3 (the consumer's own words, never a record's data).
+inline constexpr const char kNoteIntake[] =
+    "INSERT INTO outbox.inbox_intake AS i (topic, derived_event_ids, last_note, last_note_at)"
+    " VALUES ($1, $2, $3, pg_catalog.now())"
+    " ON CONFLICT (topic) DO UPDATE SET"
+    " derived_event_ids = i.derived_event_ids + excluded.derived_event_ids,"
+    " last_note = excluded.last_note, last_note_at = excluded.last_note_at";
 
 // Every subscription: the topic, its handler, the handler's owner (it runs
 // as that role), whether it takes a batch (outbox.inbox_message[]), and
@@ -103,18 +117,18 @@ inline constexpr const char kNextRetry[] =
 inline constexpr const char kDone[] =
     "UPDATE outbox.inbox_message SET processed = true,"
     " processed_at = pg_catalog.clock_timestamp(), next_attempt_at = NULL"
-    " WHERE event_id = ANY($1)";
+    " WHERE event_id = ANY($1) AND topic = $2";
 
 // A failed handler call: one attempt more, the error kept, a retry after
 // $4 seconds doubling with each failure up to $5, parked at the $3rd
-// failure.
+// failure.  $6: the record's topic.
 inline constexpr const char kFailed[] =
     "UPDATE outbox.inbox_message SET attempts = attempts + 1, last_error = $2,"
     " next_attempt_at = CASE WHEN attempts + 1 >= $3 THEN NULL ELSE pg_catalog.clock_timestamp()"
     " + pg_catalog.make_interval(secs => LEAST($5::float8,"
     " $4::float8 * pg_catalog.power(2::float8, attempts::float8))) END,"
     " parked_at = CASE WHEN attempts + 1 >= $3 THEN pg_catalog.clock_timestamp() END"
-    " WHERE event_id = $1 RETURNING parked_at IS NOT NULL";
+    " WHERE event_id = $1 AND topic = $6 RETURNING parked_at IS NOT NULL";
 
 }  // namespace outbox::sql::inbox
 

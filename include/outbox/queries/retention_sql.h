@@ -27,8 +27,8 @@ inline constexpr const char kRetentionProcessedEvents[] =
     " AND expires_at < $1 RETURNING expires_at";
 
 inline constexpr const char kRetentionInbox[] =
-    "DELETE FROM outbox.inbox_message WHERE event_id IN ("
-    "SELECT event_id FROM outbox.inbox_message"
+    "DELETE FROM outbox.inbox_message WHERE (event_id, topic) IN ("
+    "SELECT event_id, topic FROM outbox.inbox_message"
     " WHERE processed AND processed_at >= $3 AND processed_at < $1"
     " ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
     " AND processed AND processed_at < $1 RETURNING processed_at";
