@@ -15,11 +15,12 @@ ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__)
 TYPES = {"String": "string", "Int": "integer", "Bool": "bool", "Enum": "enum", "Real": "real"}
 CONTEXTS = {"PGC_POSTMASTER": "restart", "PGC_SIGHUP": "reload", "PGC_SUSET": "superuser",
             "PGC_USERSET": "any role"}
-UNITS = {"GUC_UNIT_MS": "ms", "GUC_UNIT_S": "s", "GUC_UNIT_BYTE": "bytes"}
+UNITS = {"GUC_UNIT_MS": "ms", "GUC_UNIT_S": "s", "GUC_UNIT_BYTE": "bytes", "GUC_UNIT_KB": "kB"}
 # The table's default column in Postgres' own units, to the GUC's base unit.
 SCALE = {"ms": {"ms": 1, "s": 1000, "min": 60000, "h": 3600000, "d": 86400000},
          "s": {"s": 1, "min": 60, "h": 3600, "d": 86400},
-         "bytes": {"B": 1, "kB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}}
+         "bytes": {"B": 1, "kB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3},
+         "kB": {"kB": 1, "MB": 1024, "GB": 1024 ** 2}}
 
 
 def split_args(text):

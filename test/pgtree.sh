@@ -18,10 +18,11 @@ keep=${2:-}
 MIRROR=http://deb.debian.org/debian
 
 # The end-to-end suites each tree runs: delivery and order, faults, the
-# inbox, the workers' life cycle, hostile roles, encodings, backups.  The
-# rest (test_operations, test_inbox_scale, test_native) run on 15 only
-# (test/README.md).
-E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_encoding test_backup}
+# inbox, the workers' life cycle, hostile roles, encodings, backups, and
+# failover (its walsender and backend-status reads differ by version).  The
+# rest (test_operations, test_storage, test_inbox_scale, test_inbox_intake,
+# test_native, test_real_kafka) run on 15 only (test/README.md).
+E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_encoding test_backup test_failover}
 
 case $suite in
   trixie) major=17; upgrade_from=; sources=("deb $MIRROR trixie main") ;;
