@@ -307,7 +307,8 @@ void outbox_define_gucs(void) {
     DefineCustomStringVariable(
         "outbox.wait_for_standbys",
         "Streaming standbys that must hold a batch's WAL before the relay produces it.",
-        "Empty: none. *: any one standby. Otherwise a comma-separated list of application_name "
+        "Empty: none. *: any one standby. synchronous_standby_names: the standbys that setting "
+        "makes synchronous, by its rule. Otherwise a comma-separated list of application_name "
         "values, every one of which must hold it. A failover to such a standby then never "
         "leaves Kafka with a message the promoted server lacks; while it is missing or behind, "
         "publishing waits.",

@@ -1,5 +1,6 @@
 // outbox.wait_for_standbys: see outbox/standby_wait.h.
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 extern "C" {
 #include "access/xlog.h"
+#include "replication/syncrep.h"
 #include "replication/walsender.h"
 #include "replication/walsender_private.h"
 #include "storage/spin.h"
@@ -32,6 +34,15 @@ struct Position {
     uint64 lsn;
 };
 
+// synchronous_standby_names as the server parsed it (SyncRepConfig), for
+// outbox.wait_for_standbys = 'synchronous_standby_names'.
+struct SyncNames {
+    bool quorum = false;
+    int num_sync = 0;
+    int nmembers = 0;
+    const char *members = nullptr;  // nmembers consecutive NUL-terminated names
+};
+
 KnownSender *known = nullptr;  // max_wal_senders entries, TopMemoryContext
 int known_n = 0;
 Position *positions = nullptr;
@@ -48,14 +59,23 @@ bool required_cpp(const char *setting) noexcept {
     }
 }
 
-bool hold_cpp(const char *setting, const Position *pos, int n, uint64 target, const char *verb,
-              char *why, std::size_t len) noexcept {
+bool hold_cpp(const char *setting, const SyncNames &sync, const Position *pos, int n, uint64 target,
+              const char *verb, char *why, std::size_t len) noexcept {
     try {
         outbox::standby::Required required;
         std::string text;
         if (!outbox::standby::parse(setting, required, text)) {
             strlcpy(why, ("outbox.wait_for_standbys: " + text).c_str(), len);
             return false;
+        }
+        if (required.sync) {
+            required.rule.quorum = sync.quorum;
+            required.rule.num_sync = sync.num_sync;
+            const char *member = sync.members;
+            for (int i = 0; i < sync.nmembers; i++) {
+                required.rule.members.emplace_back(member);
+                member += strlen(member) + 1;
+            }
         }
         std::vector<outbox::standby::Standby> standbys;
         standbys.reserve(static_cast<std::size_t>(n));
@@ -146,5 +166,12 @@ bool outbox_standbys_hold(XLogRecPtr target, char *why, std::size_t len) {
     const char *verb = outbox_standby_lsn == OUTBOX_STANDBY_LSN_WRITE    ? "written"
                        : outbox_standby_lsn == OUTBOX_STANDBY_LSN_REPLAY ? "replayed"
                                                                          : "flushed";
-    return hold_cpp(setting(), positions, n, target, verb, why, len);
+    SyncNames sync;
+    if (const SyncRepConfigData *c = SyncRepConfig) {
+        sync.quorum = c->syncrep_method == SYNC_REP_QUORUM;
+        sync.num_sync = c->num_sync;
+        sync.nmembers = c->nmembers;
+        sync.members = c->member_names;
+    }
+    return hold_cpp(setting(), sync, positions, n, target, verb, why, len);
 }

@@ -228,6 +228,53 @@ class Failover(unittest.TestCase):
         finally:
             pair.close()
 
+    def test_following_synchronous_standby_names_holds_what_a_local_commit_let_through(self):
+        # Synchronous replication keeps a commit invisible until the
+        # synchronous standby has it, except for a transaction that asks
+        # for less (synchronous_commit = local; any role may): such a
+        # commit is visible, and published, while the standby lacks it.
+        pair = Pair("synchronous_standby_names")
+        # Names in synchronous_standby_names compare without regard to case.
+        pair.primary.sql(f"ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 ({STANDBY.upper()})'")
+        pair.primary.reload()
+
+        def write_local(tag):
+            return [str(r[0]) for r in pair.primary.sql(
+                "SET synchronous_commit = local; "
+                "SELECT outbox.write('order.events', 'k' || i, jsonb_build_object('tag', %s))"
+                "  FROM generate_series(1, 10) AS i", (tag,))]
+        try:
+            wait_until(lambda: pair.primary.scalar(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
+                (STANDBY,)) == "sync", 30, what="the standby to be synchronous")
+            healthy = pair.write(pair.primary, "healthy", 10)
+            pair.wait_published(healthy)
+
+            pair.cut()
+            held = write_local("local commit, standby cut")
+            wait_until(lambda: pair.primary.scalar(
+                "SELECT waiting_for FROM outbox.stats") is not None, 30,
+                what="outbox.stats to say that publishing waits")
+            self.assertEqual(pair.primary.scalar("SELECT waiting_for FROM outbox.stats"),
+                             "synchronous_standby_names wants 1 standby; 0 of its standbys are "
+                             "connected")
+            time.sleep(1.5)  # more than a batch_timeout
+            self.assertEqual(set(held) & set(pair.kafka_ids()), set(),
+                             "a local commit the synchronous standby lacks went to Kafka")
+            pair.reconnect()
+            pair.wait_published(held)
+
+            # Without the setting, the same local commit goes to Kafka while
+            # the synchronous standby lacks it.
+            pair.primary.sql("ALTER SYSTEM SET outbox.wait_for_standbys = ''")
+            pair.primary.reload()
+            pair.cut()
+            through = write_local("local commit, no wait")
+            pair.wait_published(through)
+            self.assertFalse(pair.streaming())
+        finally:
+            pair.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -12,18 +12,37 @@
 
 namespace outbox::standby {
 
-// What the setting asks for.  Empty text: nothing (the relay does not wait).
-// "*": any one standby.  Otherwise a comma-separated list of standbys'
-// application_name (primary_conninfo's application_name, or the cluster
-// name, as pg_stat_replication shows it): every one listed.
-struct Required {
-    bool any = false;
-    std::vector<std::string> names;
-    bool none() const { return !any && names.empty(); }
+// Postgres' synchronous_standby_names, as the server parsed it: FIRST n
+// (priority: the n connected members listed first must hold it) or ANY n
+// (quorum: any n members).  Members compare without regard to case, as
+// Postgres compares them; "*" matches every standby.  No member: nothing to
+// wait for (Postgres' commits do not wait either).
+struct SyncRule {
+    bool quorum = false;
+    int num_sync = 0;
+    std::vector<std::string> members;
 };
 
-// Parses the setting's text.  Refuses "*" beside names, an empty item, a
-// name listed twice or one longer than Postgres keeps (63 bytes).
+// What the setting asks for.  Empty text: nothing (the relay does not wait).
+// "*": any one standby.  "synchronous_standby_names": the standbys that
+// setting makes synchronous, by its own rule (`rule`, filled in by the
+// caller from the server's parsed setting).  Otherwise a comma-separated
+// list of standbys' application_name (primary_conninfo's application_name,
+// or the cluster name, as pg_stat_replication shows it): every one listed.
+struct Required {
+    bool any = false;
+    bool sync = false;
+    std::vector<std::string> names;
+    SyncRule rule;
+    bool none() const { return !any && !sync && names.empty(); }
+};
+
+// The word that makes the setting follow synchronous_standby_names.
+inline constexpr std::string_view kSyncWord = "synchronous_standby_names";
+
+// Parses the setting's text.  Refuses "*" or "synchronous_standby_names"
+// beside names, an empty item, a name listed twice or one longer than
+// Postgres keeps (63 bytes).
 bool parse(std::string_view text, Required &out, std::string &error) noexcept;
 
 // One physical walsender as the primary sees it: the standby's name and the
