@@ -25,8 +25,10 @@ restore() {
 }
 trap restore EXIT
 
+# The version is written once, in outbox.control (test/version-test.py).
+want=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$ROOT/outbox.control")
 # The files dpkg says it installed are the ones Postgres loads.
-for f in "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)/extension/outbox--1.3.sql" \
+for f in "$("$PG_CONFIG" --pkglibdir)/outbox.so" "$("$PG_CONFIG" --sharedir)/extension/outbox--$want.sql" \
          "$("$PG_CONFIG" --sharedir)/extension/outbox.control"; do
   owner=$(dpkg -S "$f" | cut -d: -f1)
   [ "$owner" = "$PACKAGE" ] || { echo "FAIL: $f belongs to '$owner'"; exit 1; }
@@ -59,8 +61,6 @@ trap stop EXIT
 pg "$BIN/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
 psql=(runuser -u postgres -- "$BIN/psql" -h "$dir" -U postgres -X -q -At -v ON_ERROR_STOP=1)
 version=$("${psql[@]}" -c "CREATE EXTENSION outbox" -c "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
-# The version is written once, in outbox.control (test/version-test.py).
-want=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$ROOT/outbox.control")
 [ "$version" = "$want" ] || { echo "FAIL: extension version '$version', not '$want'"; exit 1; }
 id=$("${psql[@]}" -c "SELECT outbox.write('order.events', 'package-key', '{\"from\": \"$PACKAGE\"}')")
 # The relay marks a row published only once the broker acknowledged it.
