@@ -21,7 +21,7 @@ PACKAGES=(
   librdkafka-dev nlohmann-json3-dev        # the extension's dependencies
   g++ make cmake pkg-config libgtest-dev   # building, unit tests
   kcat                                     # the demo shows Kafka records with it
-  python3 python3-psycopg2 python3-confluent-kafka  # end-to-end test driver
+  python3 python3-psycopg2 python3-confluent-kafka python3-yaml  # end-to-end test driver
   libipc-run-perl                          # Postgres TAP modules
 )
 # The real-Kafka tier (Apache Kafka from Maven Central) and the demo run on

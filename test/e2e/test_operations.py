@@ -205,6 +205,41 @@ class Operations(unittest.TestCase):
         finally:
             collector.close()
 
+    def test_the_exporters_queries_run_as_a_pg_monitor_member(self):
+        # contrib/postgres_exporter/queries.yaml is what dashboards and
+        # alerts read: each query runs as a member of pg_monitor (and
+        # nothing more), and returns every column its metrics name.
+        import yaml
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "contrib",
+                            "postgres_exporter", "queries.yaml")
+        with open(path) as f:
+            queries = yaml.safe_load(f)
+        self.pg.sql("DROP ROLE IF EXISTS regress_exporter")
+        self.pg.sql("CREATE ROLE regress_exporter LOGIN IN ROLE pg_monitor")
+        self.pg.sql("SELECT outbox.write('order.events', 'exporter', '{}')")
+        wait_until(lambda: self.pending() == 0, 30, what="the message published")
+        self.assertEqual(set(queries), {"pg_outbox", "pg_outbox_worker"})
+        for name, q in queries.items():
+            with self.subTest(query=name):
+                conn = self.pg.connect()
+                try:
+                    cur = conn.cursor()
+                    cur.execute("SET ROLE regress_exporter")
+                    cur.execute(q["query"])
+                    columns = [d[0] for d in cur.description]
+                    rows = cur.fetchall()
+                finally:
+                    conn.close()
+                self.assertTrue(rows, f"{name} returned no row")
+                wanted = [next(iter(m)) for m in q["metrics"]]
+                self.assertEqual([c for c in wanted if c not in columns], [],
+                                 f"{name}: metrics without a column")
+                row = dict(zip(columns, rows[0]))
+                if name == "pg_outbox":
+                    self.assertEqual(row["broker_up"], 1)
+                    self.assertEqual(row["waiting_for_standbys"], 0)
+                    self.assertEqual(row["relay_workers"], 1)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
