@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""What a Kafka transaction costs and does, with the librdkafka this machine
+has (python3-confluent-kafka: Debian 12's 2.0.2) against the Apache Kafka
+of test/kafka/pom.xml (one KRaft node on loopback): the groundwork for
+exactly-once delivery, before the relay uses transactions.
+
+Checks (exits 1 when one fails): a transaction's records reach a
+read_committed consumer once committed, an aborted one's never; a second
+producer with the same transactional.id fences the first, whose commit then
+fails with librdkafka's fatal _FENCED.  Measures: commit_transaction()'s
+time per batch of 1, 100 and 5,000 records (200 bytes, 1,000 keys) beside
+an idempotent producer's flush() of 100.
+
+    bench/kafka_txn_cost.py [--rounds 15]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "kafka"))
+from cluster import KafkaCluster  # noqa: E402
+
+import confluent_kafka  # noqa: E402
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
+
+
+def read_all(bootstrap, level, partitions):
+    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-cost",
+                     "isolation.level": level, "enable.auto.commit": False})
+    cons.assign([TopicPartition("txn.events", p, 0) for p in range(partitions)])
+    seen, idle = [], 0
+    while idle < 6:
+        m = cons.poll(0.5)
+        if m is None:
+            idle += 1
+            continue
+        idle = 0
+        if not m.error():
+            seen.append(m.value().decode())
+    cons.close()
+    return seen
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    print("librdkafka", confluent_kafka.libversion()[0])
+    cluster = KafkaCluster(nodes=1, auto_create=False)
+    cluster.start()
+    failures = []
+    try:
+        bs = cluster.bootstrap
+        cluster.create_topic("txn.events", partitions=4, replicas=1)
+        cluster.create_topic("txn.progress", partitions=1, replicas=1,
+                             **{"cleanup.policy": "compact"})
+
+        def producer(tid):
+            return Producer({"bootstrap.servers": bs, "transactional.id": tid, "linger.ms": 0})
+
+        p1 = producer("txn-cost-fence")
+        p1.init_transactions(30)
+        p1.begin_transaction()
+        for i in range(10):
+            p1.produce("txn.events", key=b"k%d" % i, value=b"committed")
+        p1.commit_transaction(30)
+        p1.begin_transaction()
+        for i in range(5):
+            p1.produce("txn.events", key=b"a%d" % i, value=b"aborted")
+        p1.flush(10)
+        p1.abort_transaction(30)
+        p1.begin_transaction()
+        p1.produce("txn.events", key=b"z", value=b"zombie")
+        p2 = producer("txn-cost-fence")
+        p2.init_transactions(30)
+        try:
+            p1.commit_transaction(10)
+            failures.append("the fenced producer committed")
+        except KafkaException as e:
+            err = e.args[0]
+            print(f"fenced producer's commit: {err.name()} (fatal: {err.fatal()})")
+            if err.name() != "_FENCED" or not err.fatal():
+                failures.append(f"fencing gave {err.name()}, not a fatal _FENCED")
+        committed = read_all(bs, "read_committed", 4)
+        uncommitted = read_all(bs, "read_uncommitted", 4)
+        print(f"read_committed sees {len(committed)} records ({sorted(set(committed))}); "
+              f"read_uncommitted {len(uncommitted)}")
+        if sorted(set(committed)) != ["committed"] or len(committed) != 10:
+            failures.append("read_committed did not see exactly the 10 committed records")
+
+        p = producer("txn-cost")
+        p.init_transactions(30)
+        print("| records per transaction | commit_transaction() median | max | first |")
+        print("|---|---|---|---|")
+        for n in (1, 100, 5000):
+            times = []
+            for _ in range(args.rounds):
+                p.begin_transaction()
+                for i in range(n):
+                    p.produce("txn.events", key=b"k%d" % (i % 1000), value=b"x" * 200)
+                p.produce("txn.progress", key=b"txn-cost", value=b"progress")
+                t = time.perf_counter()
+                p.commit_transaction(30)
+                times.append((time.perf_counter() - t) * 1000)
+            steady = times[3:]
+            print(f"| {n:,} | {statistics.median(steady):.1f} ms | {max(steady):.1f} ms | "
+                  f"{times[0]:.1f} ms |")
+        idem = Producer({"bootstrap.servers": bs, "linger.ms": 0, "enable.idempotence": True})
+        times = []
+        for _ in range(args.rounds):
+            for i in range(100):
+                idem.produce("txn.events", key=b"k%d" % i, value=b"x" * 200)
+            t = time.perf_counter()
+            idem.flush(30)
+            times.append((time.perf_counter() - t) * 1000)
+        print(f"| idempotent, flush() of 100 | {statistics.median(times[3:]):.1f} ms | "
+              f"{max(times[3:]):.1f} ms | {times[0]:.1f} ms |")
+    finally:
+        cluster.stop()
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
