@@ -1,7 +1,9 @@
 """What outbox.wait_for_standbys costs: commit-to-consumer latency at 1,000
-msg/s with a healthy streaming standby, the setting on and off, in one run.
+msg/s, and the drain of a backlog, with a healthy streaming standby, the
+setting on and off, in one run.
 
     OUTBOX_BUILD_DIR=build python3 bench/standby_latency.py [--runs 3] [--seconds 10]
+                                                          [--drain 100000]
 
 A primary and an asynchronous standby on this machine (fsync on both, as in
 production), the test broker, bench.py's latency writer and consumer.  Runs
@@ -26,6 +28,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--drain", type=int, default=100000, help="backlog size; 0: no drain runs")
     args = ap.parse_args()
     broker = TestBroker(topics=(f"{bench.TOPIC}:{bench.PARTITIONS}",))
     primary = PgCluster({"outbox.brokers": f"'{broker.bootstrap}'", "fsync": "on",
@@ -72,6 +75,19 @@ def main():
         lost = sum(r["lost"] for rs in results.values() for r in rs)
         dups = sum(r["dups"] for rs in results.values() for r in rs)
         print(f"lost {lost}, duplicates {dups} over {2 * args.runs} runs")
+        if args.drain:
+            rates = {"off": [], "on": []}
+            for _ in range(args.runs):
+                for mode in ("off", "on"):
+                    value = "standby1" if mode == "on" else ""
+                    primary.sql(f"ALTER SYSTEM SET outbox.wait_for_standbys = '{value}'")
+                    primary.reload()
+                    rate = bench.drain_once(primary, args.drain)[0]
+                    rates[mode].append(rate)
+                    print(f"  drain {mode:3}: {rate:,.0f} msg/s", flush=True)
+            off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+            print(f"| drain of {args.drain:,} | off {off:,.0f} msg/s | on {on:,.0f} msg/s | "
+                  f"on / off {on / off:.2f} |")
     finally:
         if standby:
             standby.destroy()

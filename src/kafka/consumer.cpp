@@ -32,6 +32,10 @@ std::unique_ptr<Consumer> Consumer::create(const ConsumerSettings &settings, int
             {"enable.auto.offset.store", "false"},
             // A new group reads what is there: an inbox must not skip.
             {"auto.offset.reset", "earliest"},
+            // Records of a Kafka transaction that was aborted are never
+            // stored (a producer's exactly-once delivery stays that);
+            // outbox.kafka_config may ask for read_uncommitted.
+            {"isolation.level", "read_committed"},
         };
         ConfPtr conf = new_client_conf(Role::Consumer, settings.client, own,
                                        {c.get(), &Consumer::on_error, &Consumer::on_log}, error);

@@ -579,5 +579,58 @@ class InboxGroupTest(unittest.TestCase):
         self.assertEqual(handled_twice, 0)
         self.assertEqual(offsets, ends)
 
+
+@unittest.skipUnless(ENABLED, "OUTBOX_REAL_KAFKA=0")
+class InboxTransactionsTest(unittest.TestCase):
+    """The inbox consumer reads read_committed: a producer's aborted Kafka transaction never
+    reaches outbox.inbox_message, a committed one does, once."""
+
+    def setUp(self):
+        self.pg = PgCluster({"outbox.brokers": f"'{KAFKA.bootstrap}'", "outbox.inbox": "on",
+                             "outbox.inbox_topics": "'rk.txn'", "outbox.inbox_group": "'rk9'"},
+                            name="outbox-realkafka-txn")
+        self.pg.start()
+        self.pg.sql("CREATE EXTENSION outbox")
+
+    def tearDown(self):
+        if RealKafkaTest._outcome_failed(self):
+            print(self.pg.log()[-4000:], file=sys.stderr)
+        self.pg.destroy()
+
+    def test_9_an_aborted_transaction_never_reaches_the_inbox(self):
+        import uuid
+        from confluent_kafka import Producer
+        KAFKA.create_topic("rk.txn", partitions=2)
+        producer = Producer({"bootstrap.servers": KAFKA.bootstrap,
+                             "transactional.id": "outbox-test-rk9"})
+        producer.init_transactions(60)
+
+        def transaction(n, commit):
+            ids = [str(uuid.uuid4()) for _ in range(n)]
+            producer.begin_transaction()
+            for i, event_id in enumerate(ids):
+                producer.produce("rk.txn", key=f"k{i}", value=json.dumps({"i": i}),
+                                 headers=[("event_id", event_id)])
+            producer.flush(30)  # on the brokers, as a transaction's records are before it ends
+            if commit:
+                producer.commit_transaction(60)
+            else:
+                producer.abort_transaction(60)
+            return ids
+
+        committed = transaction(10, True)
+        aborted = transaction(5, False)
+        committed += transaction(10, True)  # after the aborted one, on the same partitions
+
+        def stored():
+            return {r[0] for r in self.pg.sql("SELECT event_id::text FROM outbox.inbox_message")}
+        wait_until(lambda: set(committed) <= stored(), 120, interval=0.5,
+                   what="the committed records stored")
+        time.sleep(2)  # room for an aborted record to show
+        self.assertEqual(stored(), set(committed), "only the committed transactions' records")
+        self.assertEqual(set(aborted) & stored(), set())
+        RESULTS.append(("9_inbox_read_committed", len(committed), len(stored()), 0, 0, 0, 0))
+
+
 if __name__ == "__main__":
     unittest.main()
