@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "outbox/common/list.h"
+#include "outbox/common/said_once.h"
 #include "outbox/json/record.h"
 #include "outbox/kafka/config.h"
 #include "outbox/kafka/consumer.h"
@@ -72,11 +73,11 @@ struct ConsumerState {
     char *built_group = nullptr;
     std::vector<outbox::kafka::Property> secrets;
     bool secrets_ok = true;
-    char last_error[512] = "";
+    outbox::SaidOnce last_error;
     bool said_idle = false;
     long backoff_ms = 0;        // after a record that could not be stored
     TimestampTz retry_at = 0;   // ... the next poll not before then
-    char said_store_error[320] = "";
+    outbox::SaidOnce said_store_error;
 };
 
 ConsumerState *state(OutboxWorker *w) { return static_cast<ConsumerState *>(w->state); }
@@ -331,9 +332,9 @@ void refuse_batch(OutboxWorker *w, const OutboxInboxRow &row, int sqlerrcode) {
              "error's text, which may quote the record, is logged at DEBUG1)",
              row.topic, code);
     outbox_stats_error(text);
-    char key[sizeof st->said_store_error];
+    char key[320];
     snprintf(key, sizeof key, "%s/%s", code, row.topic);
-    if (strcmp(key, st->said_store_error) != 0) {
+    if (st->said_store_error.first_time(key)) {
         ereport(WARNING,
                 (errmsg("%s: could not store the record at \"%s\" [%d] offset %lld (SQLSTATE %s); "
                         "it comes again, and so do the later records of its batch",
@@ -342,7 +343,6 @@ void refuse_batch(OutboxWorker *w, const OutboxInboxRow &row, int sqlerrcode) {
                  errdetail("The error's text may quote the record: it is logged at DEBUG1 only."),
                  errhint("A trigger or a constraint on outbox.inbox_message, or a full disk, "
                          "can cause this; nothing is skipped.")));
-        strlcpy(st->said_store_error, key, sizeof st->said_store_error);
     }
     char err[256];
     if (!rewind_batch(st, err, sizeof err)) {
@@ -393,16 +393,15 @@ void store_batch(OutboxWorker *w, int n) {
     }
     st->backoff_ms = 0;
     st->retry_at = 0;
-    st->said_store_error[0] = '\0';
+    st->said_store_error.forget();
 
     // Only now may Kafka forget them.
     char err[256];
     if (!commit_offsets(st, err, sizeof err)) {
-        if (strcmp(err, st->last_error) != 0)
+        if (st->last_error.first_time(err))
             ereport(WARNING, (errmsg("%s: committing offsets failed (the records will come again "
                                      "and be dropped as duplicates): %s",
                                      w->label, err)));
-        strlcpy(st->last_error, err, sizeof st->last_error);
         outbox_stats_add(static_cast<uint64>(inserted), 1, 0);
     } else {
         outbox_stats_add(static_cast<uint64>(inserted), 0, 0);
@@ -454,13 +453,12 @@ bool ensure_consumer(OutboxWorker *w) {
     char err[512];
     if (!consumer_connect(st, w->wake_pipe[1], brokers, config, group, client_id, topics, err,
                           sizeof err)) {
-        if (strcmp(err, st->last_error) != 0)
+        if (st->last_error.first_time(err))
             ereport(WARNING, (errmsg("%s: cannot create the Kafka consumer: %s", w->label, err)));
-        strlcpy(st->last_error, err, sizeof st->last_error);
         outbox_stats_error(err);
         return false;
     }
-    st->last_error[0] = '\0';
+    st->last_error.forget();
     st->built_brokers = outbox_keep_string(st->built_brokers, brokers);
     st->built_config = outbox_keep_string(st->built_config, config);
     st->built_topics = outbox_keep_string(st->built_topics, topics);
@@ -472,7 +470,7 @@ bool ensure_consumer(OutboxWorker *w) {
 void consumer_reload(OutboxWorker *w) {
     ConsumerState *st = state(w);
     st->secrets_ok = outbox_worker_load_secrets(w, st->secrets, st->secrets_ok, st->last_error,
-                                                sizeof st->last_error, "consumed");
+                                                "consumed");
 }
 
 void consumer_on_exit(int, Datum arg) {

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "outbox/common/said_once.h"
 #include "outbox/kafka/config.h"
 #include "outbox/kafka/producer.h"
 
@@ -94,9 +95,9 @@ struct RelayState {
     uint64 turn_failed = 0;
     uint64 turn_parked = 0;
     uint64 turn_transient = 0;  // failures Kafka may not repeat (an outage), not refusals
-    char reported_error[256] = "";
+    outbox::SaidOnce reported_error;
     int reported_state = -1;
-    char last_connect_error[512] = "";
+    outbox::SaidOnce last_connect_error;
     // outbox.wait_for_standbys: the WAL position a claimed batch needed and
     // no standby reached within outbox.batch_timeout (0: none).  No claim
     // until they hold it.
@@ -276,10 +277,8 @@ void report_stats(OutboxWorker *w) {
         outbox_stats_set_broker_state(static_cast<OutboxBrokerState>(s));
         r->reported_state = s;
     }
-    if (p->last_error()[0] && strcmp(p->last_error(), r->reported_error) != 0) {
+    if (p->last_error()[0] && r->reported_error.first_time(p->last_error()))
         outbox_stats_error(p->last_error());
-        strlcpy(r->reported_error, p->last_error(), sizeof r->reported_error);
-    }
 }
 
 void after_turn(OutboxWorker *w) {
@@ -493,15 +492,14 @@ bool ensure_producer(OutboxWorker *w) {
     char err[512];
     if (!kafka_connect(r, w->wake_pipe[1], brokers, config, client_id, outbox_batch_size, err,
                        sizeof err)) {
-        if (strcmp(err, r->last_connect_error) != 0)
+        if (r->last_connect_error.first_time(err))
             ereport(WARNING,
                     (errmsg("%s: cannot create the Kafka producer: %s", w->label, err)));
-        strlcpy(r->last_connect_error, err, sizeof r->last_connect_error);
         outbox_stats_error(err);
         backoff_after_failure(r);
         return true;
     }
-    r->last_connect_error[0] = '\0';
+    r->last_connect_error.forget();
     r->built_brokers = outbox_keep_string(r->built_brokers, brokers);
     r->built_config = outbox_keep_string(r->built_config, config);
     ereport(LOG, (errmsg("%s: producing to %s", w->label, brokers)));
@@ -518,7 +516,7 @@ void relay_reload(OutboxWorker *w) {
     SetConfigOption("synchronous_commit", outbox_synchronous_commit ? nullptr : "off", PGC_SUSET,
                     PGC_S_SESSION);
     r->secrets_ok = outbox_worker_load_secrets(w, r->secrets, r->secrets_ok, r->last_connect_error,
-                                               sizeof r->last_connect_error, "published");
+                                               "published");
 }
 
 // Before the process goes (also after an ERROR): whatever the producer

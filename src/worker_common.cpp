@@ -122,21 +122,20 @@ void say_schema(OutboxWorker *w) {
 // operators).  Says so once per change.
 bool say_unsafe(OutboxWorker *w, const char *why) {
     if (!why) {
-        if (w->said_unsafe[0])
+        if (w->said_unsafe.said_something())
             ereport(LOG, (errmsg("%s: schema \"outbox\" is safe again in database \"%s\"; "
                                  "serving it",
                                  w->label, w->dbname)));
-        w->said_unsafe[0] = '\0';
+        w->said_unsafe.forget();
         return true;
     }
-    if (strcmp(w->said_unsafe, why) != 0) {
+    if (w->said_unsafe.first_time(why)) {
         ereport(WARNING,
                 (errmsg("%s: not serving database \"%s\": schema \"outbox\" %s", w->label,
                         w->dbname, why),
                  errhint("Have a superuser own the extension's schema (ALTER SCHEMA ... OWNER TO) "
                          "once you have checked what it holds, and name it \"outbox\" again; "
                          "see the README, Security.")));
-        strlcpy(w->said_unsafe, why, sizeof w->said_unsafe);
     }
     return false;
 }
@@ -282,12 +281,11 @@ void outbox_worker_emit_log(OutboxWorker *w, outbox::kafka::LogBuffer &log) {
 }
 
 bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Property> &secrets,
-                                bool was_ok, char *said, std::size_t said_len, const char *stops) {
+                                bool was_ok, outbox::SaidOnce &said, const char *stops) {
     char err[512];
     bool ok = outbox::kafka::load_secrets_file(outbox_kafka_config_file, secrets, err, sizeof err);
-    if (!ok && (was_ok || strcmp(err, said) != 0)) {
+    if (!ok && (said.first_time(err) || was_ok)) {
         ereport(WARNING, (errmsg("%s: %s; nothing is %s until it is fixed", w->label, err, stops)));
-        strlcpy(said, err, said_len);
         outbox_stats_error(err);
     }
     return ok;

@@ -26,6 +26,7 @@
 #include <new>
 #include <vector>
 
+#include "outbox/common/said_once.h"
 #include "outbox/kafka/client.h"
 
 #include "outbox/pg.h"
@@ -74,7 +75,7 @@ struct OutboxWorker {
     bool woken;         // the latch was set since the kind last cleared this
     int schema;         // the schema version the last outbox_worker_begin() saw
     int said_schema;    // the schema state last logged, to say each once
-    char said_unsafe[160];  // why schema "outbox" was last refused ("": it is not)
+    outbox::SaidOnce said_unsafe;  // why schema "outbox" was last refused (nothing: it is not)
     void *state;        // the kind's own
 };
 
@@ -109,7 +110,7 @@ void outbox_worker_emit_log_lines(OutboxWorker *w, const outbox::kafka::LogBuffe
 // its state).  When it cannot be used, says why in the log (once per
 // distinct reason, kept in `said`) and what waits: "nothing is <stops>".
 bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Property> &secrets,
-                                bool was_ok, char *said, std::size_t said_len, const char *stops);
+                                bool was_ok, outbox::SaidOnce &said, const char *stops);
 
 // Runs fn(arg) in a subtransaction of the current transaction (with SPI
 // connected).  On an ERROR only the subtransaction is rolled back: returns
