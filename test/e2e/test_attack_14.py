@@ -1,0 +1,163 @@
+"""Attack round 14 on schema 1.4: what a database owner (owns the database,
+ALTER DATABASE ... SET, no superuser) can do to the inbox consumer and the
+relay through database-level settings the workers do not pin.
+
+docs/security.md promises: a database owner cannot make a worker run its
+code, and "nothing a database owner configures may redirect a name, make a
+claim fail or wait" (src/worker_common.cpp kPinned); a Kafka producer
+cannot make the inbox "lose a record of its topic ... (every record is
+stored, losslessly)"; header_values keeps "a NULL value: a header without
+one" (outbox--1.3--1.4.sql).
+
+Run one:  cd test/e2e; python3 -m unittest -v test_attack_14.DatabaseOwnerSettings.test_x
+"""
+
+import json
+import os
+import sys
+import time
+import unittest
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import PgCluster, TestBroker, wait_until  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
+
+INBOX = "team-a.events"
+OTHER = "team-b.events"
+RELAYED = "order.events"
+
+SCHEMA = """
+CREATE EXTENSION outbox;
+CREATE TABLE handled (topic text NOT NULL, event_id uuid NOT NULL, header_values bytea[]);
+CREATE FUNCTION record_it(msg outbox.inbox_message) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO handled VALUES (msg.topic, msg.event_id, msg.header_values);
+$$;
+SELECT outbox.inbox_subscribe('team-a.events', 'record_it(outbox.inbox_message)');
+SELECT outbox.inbox_subscribe('team-b.events', 'record_it(outbox.inbox_message)');
+CREATE ROLE dbowner LOGIN;
+ALTER DATABASE postgres OWNER TO dbowner;
+CREATE ROLE writer LOGIN;
+GRANT USAGE ON SCHEMA outbox TO writer;
+GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb, integer) TO writer;
+"""
+
+
+class DatabaseOwnerSettings(unittest.TestCase):
+
+    def setUp(self):
+        self.broker = TestBroker(topics=(f"{INBOX}:1", f"{OTHER}:1", f"{RELAYED}:1"))
+        self.pg = PgCluster({"outbox.brokers": f"'{self.broker.bootstrap}'",
+                             "outbox.inbox": "on",
+                             "outbox.inbox_topics": f"'{INBOX},{OTHER}'",
+                             "outbox.kafka_config": "'session.timeout.ms=6000;heartbeat.interval.ms=500'"},
+                            name="outbox-atk14")
+        self.pg.start()
+        self.pg.sql(SCHEMA)
+        self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
+                                  "log_level": 2})
+
+    def tearDown(self):
+        self.pg.destroy()
+        self.broker.stop()
+
+    def scalar(self, q, *args):
+        # As the superuser itself: SET ROLE NONE undoes a database's `role`.
+        conn = self.pg.connect("postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SET ROLE NONE")
+            cur.execute(q, args or None)
+            rows = cur.fetchall()
+        conn.close()
+        return rows[0][0] if rows else None
+
+    def as_owner(self, sql):
+        conn = self.pg.connect("postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SET ROLE dbowner")
+            cur.execute(sql)
+        conn.close()
+
+    def produce(self, topic, value, headers=()):
+        self.producer.produce(topic, key=b"k", value=value, headers=list(headers))
+        self.producer.flush(30)
+
+    def consumer_pid(self):
+        return self.scalar("SELECT pid FROM pg_stat_activity "
+                           "WHERE backend_type = 'pg outbox inbox consumer'")
+
+    # ---- array_nulls ----------------------------------------------------------
+
+    def test_database_owner_array_nulls_off_keeps_a_header_without_value_null(self):
+        # The user depends on: header_values holds NULL for a header that
+        # came without a value (outbox--1.4.sql), and "every record is
+        # stored, losslessly" (docs/security.md).  The consumer passes the
+        # headers as a bytea[] *literal* with a bare NULL; array_nulls is not
+        # among the pinned settings, so a database owner's
+        # ALTER DATABASE ... SET array_nulls = off makes it the 4 bytes "NULL".
+        self.as_owner("ALTER DATABASE postgres SET array_nulls = off")
+        self.pg.restart()
+        wait_until(self.consumer_pid, 30, what="the consumer")
+        eid = str(uuid.uuid4())
+        self.produce(INBOX, b'{"n": 1}', [("event_id", eid.encode()), ("none", None),
+                                          ("some", b"v")])
+        wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.inbox_message "
+                                       "WHERE event_id = %s", eid), 60, what="the record stored")
+        values = self.scalar("SELECT header_values FROM outbox.inbox_message WHERE event_id = %s",
+                             eid)
+        got = [None if v is None else bytes(v) for v in values]
+        self.assertEqual(got, [eid.encode(), None, b"v"],
+                         "a header without a value must be stored as NULL, not as other bytes")
+
+    # ---- role -----------------------------------------------------------------
+
+    def test_database_owner_set_role_does_not_stop_the_inbox_consumer(self):
+        # The user depends on: a database owner cannot stop the inbox for
+        # the database's subscribers, nor make a worker run as another role
+        # (docs/security.md, kPinned: "nothing a database owner configures
+        # may ... make a claim fail").  `role` is a USERSET setting a database
+        # owner may set for its database (to a role it is a member of); the
+        # workers connect as the bootstrap superuser, which is a member of
+        # every role, so Postgres applies it at their connection and every
+        # statement of theirs then runs as dbowner.
+        self.as_owner("ALTER DATABASE postgres SET role = dbowner")
+        self.pg.restart()
+        wait_until(self.consumer_pid, 30, what="the consumer")
+        eid = str(uuid.uuid4())
+        self.produce(OTHER, b'{"n": 1}', [("event_id", eid.encode())])
+        try:
+            wait_until(lambda: self.scalar("SELECT count(*) FROM handled WHERE event_id = %s",
+                                           eid), 60, what="the record stored and handled")
+        except AssertionError:
+            stats = self.scalar("SELECT string_agg(role || ': ' || last_error, ' | ') "
+                                "FROM outbox.worker_stats WHERE last_error IS NOT NULL")
+            self.fail(f"the record was never handled; worker_stats: {stats}")
+
+    def test_database_owner_set_role_does_not_stop_the_relay(self):
+        # The user depends on: a writer's committed outbox.write() is
+        # published; the database owner cannot stop the relay for every
+        # writer of the database (docs/security.md, kPinned).
+        self.as_owner("ALTER DATABASE postgres SET role = dbowner")
+        self.pg.restart()
+        wait_until(lambda: self.scalar("SELECT pid FROM pg_stat_activity "
+                                       "WHERE backend_type = 'pg outbox relay'"), 30, what="the relay")
+        conn = self.pg.connect("postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SET ROLE writer")
+            cur.execute("SELECT outbox.write(%s, 'k', '{\"n\": 1}')", (RELAYED,))
+        conn.close()
+        try:
+            wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
+                                           "WHERE published_at IS NOT NULL") == 1, 60,
+                       what="the writer's message published")
+        except AssertionError:
+            stats = self.scalar("SELECT string_agg(role || ': ' || last_error, ' | ') "
+                                "FROM outbox.worker_stats WHERE last_error IS NOT NULL")
+            self.fail(f"the message was never published; worker_stats: {stats}")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
