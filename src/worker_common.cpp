@@ -12,6 +12,7 @@ extern "C" {
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
 #include "executor/spi.h"
@@ -74,9 +75,30 @@ const struct {
     {"enable_hashjoin", "on"},
     {"enable_mergejoin", "on"},
     {"enable_hashagg", "on"},
+    // The inbox consumer hands arrays (header_names, header_values) to
+    // Postgres as array literals whose absent values are written NULL:
+    // with array_nulls = off, a header without a value would be stored as
+    // the four bytes "NULL".
+    {"array_nulls", "on"},
+    // What a literal or "= NULL" means must not depend on the database.
+    {"standard_conforming_strings", "on"},
+    {"transform_null_equals", "off"},
+    {"bytea_output", "hex"},
+    // A database owner may ALTER DATABASE ... SET role (or
+    // session_authorization, below) to itself: the workers would run as
+    // that role, fail on the extension's tables (the inbox consumer for
+    // ever, the relay without a word) or run user code with its rights.
+    // A worker is always the bootstrap superuser it connected as.
+    {"role", "none"},
 };
 
 void pin_session_settings() {
+    // session_authorization names a role, so it needs a catalog lookup and
+    // with it a transaction; the database's value was applied the same way.
+    StartTransactionCommand();
+    SetConfigOption("session_authorization", GetUserNameFromId(BOOTSTRAP_SUPERUSERID, false),
+                    PGC_SUSET, PGC_S_SESSION);
+    CommitTransactionCommand();
     for (const auto &p : kPinned)
         SetConfigOption(p.name, p.value, PGC_SUSET, PGC_S_SESSION);
     for (const auto &p : outbox::pg::kVersionPinned)

@@ -22,7 +22,7 @@ MIRROR=http://deb.debian.org/debian
 # failover (its walsender and backend-status reads differ by version).  The
 # rest (test_operations, test_storage, test_inbox_scale, test_inbox_intake,
 # test_native, test_real_kafka) run on 15 only (test/README.md).
-E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_encoding test_backup test_failover}
+E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_hostile_settings test_encoding test_backup test_failover}
 
 case $suite in
   trixie) major=17; upgrade_from=; sources=("deb $MIRROR trixie main") ;;

@@ -1,6 +1,7 @@
-"""Attack round 14 on schema 1.4: what a database owner (owns the database,
-ALTER DATABASE ... SET, no superuser) can do to the inbox consumer and the
-relay through database-level settings the workers do not pin.
+"""What a database owner (owns the database, ALTER DATABASE ... SET, no
+superuser) could do to the inbox consumer and the relay through
+database-level settings, were the workers not to pin them
+(src/worker_common.cpp kPinned).  Each test failed on 1.4's first cut.
 
 docs/security.md promises: a database owner cannot make a worker run its
 code, and "nothing a database owner configures may redirect a name, make a
@@ -9,7 +10,7 @@ cannot make the inbox "lose a record of its topic ... (every record is
 stored, losslessly)"; header_values keeps "a NULL value: a header without
 one" (outbox--1.3--1.4.sql).
 
-Run one:  cd test/e2e; python3 -m unittest -v test_attack_14.DatabaseOwnerSettings.test_x
+Run one:  cd test/e2e; python3 -m unittest -v test_hostile_settings.DatabaseOwnerSettings.test_x
 """
 
 import json
@@ -51,7 +52,7 @@ class DatabaseOwnerSettings(unittest.TestCase):
                              "outbox.inbox": "on",
                              "outbox.inbox_topics": f"'{INBOX},{OTHER}'",
                              "outbox.kafka_config": "'session.timeout.ms=6000;heartbeat.interval.ms=500'"},
-                            name="outbox-atk14")
+                            name="outbox-hostile-settings")
         self.pg.start()
         self.pg.sql(SCHEMA)
         self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
@@ -62,10 +63,12 @@ class DatabaseOwnerSettings(unittest.TestCase):
         self.broker.stop()
 
     def scalar(self, q, *args):
-        # As the superuser itself: SET ROLE NONE undoes a database's `role`.
+        # As the superuser itself: RESET SESSION AUTHORIZATION and SET ROLE
+        # NONE undo a database's `session_authorization` and `role`.
         conn = self.pg.connect("postgres")
         conn.autocommit = True
         with conn.cursor() as cur:
+            cur.execute("RESET SESSION AUTHORIZATION")
             cur.execute("SET ROLE NONE")
             cur.execute(q, args or None)
             rows = cur.fetchall()
@@ -139,13 +142,25 @@ class DatabaseOwnerSettings(unittest.TestCase):
         # The user depends on: a writer's committed outbox.write() is
         # published; the database owner cannot stop the relay for every
         # writer of the database (docs/security.md, kPinned).
-        self.as_owner("ALTER DATABASE postgres SET role = dbowner")
+        self.relay_publishes_after("ALTER DATABASE postgres SET role = dbowner")
+
+    def test_database_owner_session_authorization_does_not_stop_the_relay(self):
+        # session_authorization is a USERSET setting too, and a database
+        # owner may set it for its database: a superuser's connection (a
+        # worker's) then becomes the owner's session, which `SET ROLE NONE`
+        # does not undo.
+        self.relay_publishes_after(
+            "ALTER DATABASE postgres SET session_authorization = dbowner")
+
+    def relay_publishes_after(self, setting):
+        self.as_owner(setting)
         self.pg.restart()
         wait_until(lambda: self.scalar("SELECT pid FROM pg_stat_activity "
                                        "WHERE backend_type = 'pg outbox relay'"), 30, what="the relay")
         conn = self.pg.connect("postgres")
         conn.autocommit = True
         with conn.cursor() as cur:
+            cur.execute("RESET SESSION AUTHORIZATION")
             cur.execute("SET ROLE writer")
             cur.execute("SELECT outbox.write(%s, 'k', '{\"n\": 1}')", (RELAYED,))
         conn.close()
