@@ -60,3 +60,11 @@ pg_version_check:
 	@out=$$($(CXX) -E -x c++ $(CPPFLAGS) -include outbox/pg_compat.h /dev/null -o /dev/null 2>&1) || \
 	  { echo "$$out" | grep -m1 'error' >&2; exit 1; }
 $(OBJS): | pg_version_check
+
+# The flags every source of the module compiles with.  CMake compiles the
+# pure sources again for the unit tests (liboutbox_core) and asks here, so
+# the objects the unit tests test are built as the objects the server loads
+# (same optimisation, -fwrapv, -fno-strict-aliasing, assertions, warnings).
+.PHONY: print-cxxflags
+print-cxxflags:
+	@echo $(CPPFLAGS) $(CXXFLAGS)

@@ -8,6 +8,6 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 
 make -s -j"$JOBS" PG_CONFIG="$PG_CONFIG" OUTBOX_WERROR=1
 make -s install PG_CONFIG="$PG_CONFIG" >/dev/null
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPG_CONFIG="$PG_CONFIG" >/dev/null
 cmake --build build -j"$JOBS" >/dev/null
 echo "build: extension installed into $("$PG_CONFIG" --pkglibdir); tools in build/"
