@@ -45,6 +45,7 @@
 #include "outbox/kafka/consumer.h"
 
 #include "outbox/guc.h"
+#include "outbox/kafka_link.h"
 #include "outbox/queries/inbox.h"
 #include "outbox/shmem.h"
 #include "outbox/worker_common.h"
@@ -67,17 +68,12 @@ using outbox::kafka::report_error;
 
 struct ConsumerState {
     std::unique_ptr<Consumer> consumer;
-    char *built_brokers = nullptr;
-    char *built_config = nullptr;
-    char *built_topics = nullptr;
-    char *built_group = nullptr;
-    std::vector<outbox::kafka::Property> secrets;
-    bool secrets_ok = true;
-    outbox::SaidOnce last_error;
+    OutboxKafkaLink link;  // what the consumer was built from; the secrets file
     bool said_idle = false;
     long backoff_ms = 0;        // after a record that could not be stored
     TimestampTz retry_at = 0;   // ... the next poll not before then
     outbox::SaidOnce said_store_error;
+    outbox::SaidOnce said_commit_error;
 };
 
 ConsumerState *state(OutboxWorker *w) { return static_cast<ConsumerState *>(w->state); }
@@ -89,7 +85,7 @@ bool consumer_connect(ConsumerState *st, int wake_fd, const char *brokers, const
                       std::size_t errlen) noexcept {
     try {
         outbox::kafka::ConsumerSettings s;
-        s.client = {brokers, client_id, extra, st->secrets};
+        s.client = {brokers, client_id, extra, st->link.secrets};
         s.group_id = group;
         std::string error;
         if (!outbox::parse_topic_list(topics, s.topics, error))
@@ -103,10 +99,6 @@ bool consumer_connect(ConsumerState *st, int wake_fd, const char *brokers, const
 
 void consumer_disconnect(ConsumerState *st) noexcept {
     if (st) st->consumer.reset();
-}
-
-bool secrets_changed(const ConsumerState *st) noexcept {
-    return !outbox::kafka::same_properties(st->secrets, st->consumer->secrets());
 }
 
 bool rewind_batch(ConsumerState *st, char *err, std::size_t errlen) noexcept {
@@ -398,7 +390,7 @@ void store_batch(OutboxWorker *w, int n) {
     // Only now may Kafka forget them.
     char err[256];
     if (!commit_offsets(st, err, sizeof err)) {
-        if (st->last_error.first_time(err))
+        if (st->said_commit_error.first_time(err))
             ereport(WARNING, (errmsg("%s: committing offsets failed (the records will come again "
                                      "and be dropped as duplicates): %s",
                                      w->label, err)));
@@ -413,11 +405,7 @@ void report(OutboxWorker *w) {
     if (!c) return;
     outbox_worker_emit_log_lines(w, c->log());
     c->clear_log();
-    outbox_stats_set_broker_state(c->broker_state() == outbox::kafka::BrokerState::Up
-                                      ? OUTBOX_BROKER_UP
-                                  : c->broker_state() == outbox::kafka::BrokerState::Down
-                                      ? OUTBOX_BROKER_DOWN
-                                      : OUTBOX_BROKER_UNKNOWN);
+    outbox_link_show_state(&state(w)->link, c->broker_state());
     if (c->last_error()[0]) outbox_stats_error(c->last_error());
 }
 
@@ -432,16 +420,17 @@ bool ensure_consumer(OutboxWorker *w) {
              outbox_inbox_group && outbox_inbox_group[0] ? outbox_inbox_group : "outbox",
              w->dbname);
 
+    const char *parts[] = {brokers, config, topics, group};
+    char *settings = outbox_link_settings(parts, 4);
     if (st->consumer) {
-        if (strcmp(brokers, st->built_brokers) == 0 && strcmp(config, st->built_config) == 0 &&
-            strcmp(topics, st->built_topics) == 0 && strcmp(group, st->built_group) == 0 &&
-            !secrets_changed(st) && !st->consumer->fatal())
+        if (outbox_link_matches(&st->link, settings, st->consumer->secrets()) &&
+            !st->consumer->fatal())
             return true;
         ereport(LOG, (errmsg("%s: settings changed, reconnecting", w->label)));
         consumer_disconnect(st);
     }
-    if (brokers[0] == '\0' || topics[0] == '\0' || !st->secrets_ok) {
-        if (!st->said_idle && st->secrets_ok)
+    if (brokers[0] == '\0' || topics[0] == '\0' || !st->link.secrets_ok) {
+        if (!st->said_idle && st->link.secrets_ok)
             ereport(LOG, (errmsg("%s: idle (outbox.inbox_topics or outbox.brokers is empty)",
                                  w->label)));
         st->said_idle = true;
@@ -453,24 +442,17 @@ bool ensure_consumer(OutboxWorker *w) {
     char err[512];
     if (!consumer_connect(st, w->wake_pipe[1], brokers, config, group, client_id, topics, err,
                           sizeof err)) {
-        if (st->last_error.first_time(err))
-            ereport(WARNING, (errmsg("%s: cannot create the Kafka consumer: %s", w->label, err)));
-        outbox_stats_error(err);
+        outbox_link_connect_failed(w, &st->link, "consumer", err);
         return false;
     }
-    st->last_error.forget();
-    st->built_brokers = outbox_keep_string(st->built_brokers, brokers);
-    st->built_config = outbox_keep_string(st->built_config, config);
-    st->built_topics = outbox_keep_string(st->built_topics, topics);
-    st->built_group = outbox_keep_string(st->built_group, group);
+    outbox_link_connected(&st->link, settings);
     ereport(LOG, (errmsg("%s: consuming %s from %s as group %s", w->label, topics, brokers, group)));
     return true;
 }
 
 void consumer_reload(OutboxWorker *w) {
     ConsumerState *st = state(w);
-    st->secrets_ok = outbox_worker_load_secrets(w, st->secrets, st->secrets_ok, st->last_error,
-                                                "consumed");
+    outbox_link_reload(w, &st->link, "consumed");
 }
 
 void consumer_on_exit(int, Datum arg) {
@@ -479,10 +461,6 @@ void consumer_on_exit(int, Datum arg) {
 
 void consumer_start(OutboxWorker *w) {
     ConsumerState *st = outbox_worker_new_state<ConsumerState>(w);
-    st->built_brokers = outbox_keep_string(nullptr, "");
-    st->built_config = outbox_keep_string(nullptr, "");
-    st->built_topics = outbox_keep_string(nullptr, "");
-    st->built_group = outbox_keep_string(nullptr, "");
     // The offsets are committed after the rows: the rows must be on disk by
     // then, whatever the server, the database or a role says.
     SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_SESSION);

@@ -48,6 +48,7 @@
 #include "outbox/kafka/producer.h"
 
 #include "outbox/guc.h"
+#include "outbox/kafka_link.h"
 #include "outbox/policy.h"
 #include "outbox/queries/relay.h"
 #include "outbox/queries/spi.h"
@@ -73,10 +74,7 @@ using outbox::kafka::report_error;
 // new; never freed (the process exits), never on a Postgres stack frame.
 struct RelayState {
     std::unique_ptr<Producer> producer;
-    char *built_brokers = nullptr;  // settings the producer was built from
-    char *built_config = nullptr;
-    std::vector<outbox::kafka::Property> secrets;  // outbox.kafka_config_file, as last read
-    bool secrets_ok = true;
+    OutboxKafkaLink link;  // what the producer was built from; the secrets file
     TimestampTz reconfigure_deadline = 0;  // settings changed while records were in flight
     TimestampTz next_claim_at = 0;         // backoff after failures
     int backoff_ms = 0;
@@ -96,8 +94,6 @@ struct RelayState {
     uint64 turn_parked = 0;
     uint64 turn_transient = 0;  // failures Kafka may not repeat (an outage), not refusals
     outbox::SaidOnce reported_error;
-    int reported_state = -1;
-    outbox::SaidOnce last_connect_error;
     // outbox.wait_for_standbys: the WAL position a claimed batch needed and
     // no standby reached within outbox.batch_timeout (0: none).  No claim
     // until they hold it.
@@ -112,7 +108,7 @@ bool kafka_connect(RelayState *r, int wake_fd, const char *brokers, const char *
                    const char *client_id, int batch_size, char *err, std::size_t errlen) noexcept {
     try {
         outbox::kafka::Settings s;
-        s.client = {brokers, client_id, extra, r->secrets};
+        s.client = {brokers, client_id, extra, r->link.secrets};
         s.batch_size = static_cast<std::size_t>(batch_size);
         std::string error;
         r->producer = Producer::create(s, wake_fd, error);
@@ -129,12 +125,6 @@ void kafka_disconnect(RelayState *r, int flush_ms) noexcept {
         r->producer->shutdown(flush_ms);
         r->producer.reset();
     }
-}
-
-// Whether outbox.kafka_config_file now says other than the producer was
-// built with.
-bool secrets_changed(const RelayState *r) noexcept {
-    return !outbox::kafka::same_properties(r->secrets, r->producer->secrets());
 }
 
 // ---- Postgres side ----
@@ -270,13 +260,7 @@ void report_stats(OutboxWorker *w) {
     Producer *p = r->producer.get();
     if (!p) return;
     outbox_stats_set_in_flight(p->in_flight());
-    int s = p->broker_state() == outbox::kafka::BrokerState::Up     ? OUTBOX_BROKER_UP
-            : p->broker_state() == outbox::kafka::BrokerState::Down ? OUTBOX_BROKER_DOWN
-                                                                    : OUTBOX_BROKER_UNKNOWN;
-    if (s != r->reported_state) {
-        outbox_stats_set_broker_state(static_cast<OutboxBrokerState>(s));
-        r->reported_state = s;
-    }
+    outbox_link_show_state(&r->link, p->broker_state());
     if (p->last_error()[0] && r->reported_error.first_time(p->last_error()))
         outbox_stats_error(p->last_error());
 }
@@ -451,11 +435,11 @@ bool ensure_producer(OutboxWorker *w) {
     const char *brokers = outbox_brokers ? outbox_brokers : "";
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     Producer *p = r->producer.get();
+    const char *parts[] = {brokers, config};
+    char *settings = outbox_link_settings(parts, 2);
 
     if (p) {
-        bool same = strcmp(brokers, r->built_brokers) == 0 && strcmp(config, r->built_config) == 0 &&
-                    !secrets_changed(r);
-        if (same && !p->fatal()) {
+        if (outbox_link_matches(&r->link, settings, p->secrets()) && !p->fatal()) {
             r->reconfigure_deadline = 0;
             return true;
         }
@@ -482,7 +466,7 @@ bool ensure_producer(OutboxWorker *w) {
         return true;
     }
     r->said_no_brokers = false;
-    if (!r->secrets_ok) {
+    if (!r->link.secrets_ok) {
         backoff_after_failure(r);
         return true;
     }
@@ -492,16 +476,11 @@ bool ensure_producer(OutboxWorker *w) {
     char err[512];
     if (!kafka_connect(r, w->wake_pipe[1], brokers, config, client_id, outbox_batch_size, err,
                        sizeof err)) {
-        if (r->last_connect_error.first_time(err))
-            ereport(WARNING,
-                    (errmsg("%s: cannot create the Kafka producer: %s", w->label, err)));
-        outbox_stats_error(err);
+        outbox_link_connect_failed(w, &r->link, "producer", err);
         backoff_after_failure(r);
         return true;
     }
-    r->last_connect_error.forget();
-    r->built_brokers = outbox_keep_string(r->built_brokers, brokers);
-    r->built_config = outbox_keep_string(r->built_config, config);
+    outbox_link_connected(&r->link, settings);
     ereport(LOG, (errmsg("%s: producing to %s", w->label, brokers)));
     return true;
 }
@@ -515,8 +494,7 @@ void relay_reload(OutboxWorker *w) {
     // synchronous_commit applies.
     SetConfigOption("synchronous_commit", outbox_synchronous_commit ? nullptr : "off", PGC_SUSET,
                     PGC_S_SESSION);
-    r->secrets_ok = outbox_worker_load_secrets(w, r->secrets, r->secrets_ok, r->last_connect_error,
-                                               "published");
+    outbox_link_reload(w, &r->link, "published");
 }
 
 // Before the process goes (also after an ERROR): whatever the producer
@@ -527,8 +505,6 @@ void relay_on_exit(int, Datum arg) {
 
 void relay_start(OutboxWorker *w) {
     RelayState *r = outbox_worker_new_state<RelayState>(w);
-    r->built_brokers = outbox_keep_string(nullptr, "");
-    r->built_config = outbox_keep_string(nullptr, "");
     // A queue is read in index order, whatever the statistics say: a
     // backlog that arrived before autovacuum analysed the table must not
     // turn each claim into a sequential scan and a full sort.
