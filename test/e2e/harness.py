@@ -383,6 +383,16 @@ INBOX_TOPIC = "payments.events"
 INBOX_KAFKA = "session.timeout.ms=6000;heartbeat.interval.ms=500"
 
 
+def inbox_cluster(broker, topics, name, **settings):
+    """A cluster (not started) whose inbox consumer reads `topics` from
+    `broker`; `settings` adds to or overrides the outbox.* settings."""
+    conf = {"outbox.brokers": f"'{broker.bootstrap}'", "outbox.inbox": "on",
+            "outbox.inbox_topics": "'" + ",".join(topics) + "'",
+            "outbox.kafka_config": f"'{INBOX_KAFKA}'"}
+    conf.update(settings)
+    return PgCluster(conf, name=name)
+
+
 class ClusterPerTest:
     """For a unittest.TestCase whose tests each need a cluster of their own
     with settings of their own: start() makes a test broker and a cluster with

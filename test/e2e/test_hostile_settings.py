@@ -21,7 +21,7 @@ import unittest
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import PgCluster, TestBroker, wait_until  # noqa: E402
+from harness import TestBroker, inbox_cluster, wait_until  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
 INBOX = "team-a.events"
@@ -48,11 +48,7 @@ class DatabaseOwnerSettings(unittest.TestCase):
 
     def setUp(self):
         self.broker = TestBroker(topics=(f"{INBOX}:1", f"{OTHER}:1", f"{RELAYED}:1"))
-        self.pg = PgCluster({"outbox.brokers": f"'{self.broker.bootstrap}'",
-                             "outbox.inbox": "on",
-                             "outbox.inbox_topics": f"'{INBOX},{OTHER}'",
-                             "outbox.kafka_config": "'session.timeout.ms=6000;heartbeat.interval.ms=500'"},
-                            name="outbox-hostile-settings")
+        self.pg = inbox_cluster(self.broker, (INBOX, OTHER), "outbox-hostile-settings")
         self.pg.start()
         self.pg.sql(SCHEMA)
         self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
@@ -87,9 +83,23 @@ class DatabaseOwnerSettings(unittest.TestCase):
         self.producer.produce(topic, key=b"k", value=value, headers=list(headers))
         self.producer.flush(30)
 
-    def consumer_pid(self):
-        return self.scalar("SELECT pid FROM pg_stat_activity "
-                           "WHERE backend_type = 'pg outbox inbox consumer'")
+    def worker_pid(self, kind):
+        return self.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = %s",
+                           f"pg outbox {kind}")
+
+    def owner_sets(self, setting, worker="inbox consumer"):
+        # The database owner's setting reaches the workers when they connect.
+        self.as_owner(f"ALTER DATABASE postgres SET {setting}")
+        self.pg.restart()
+        wait_until(lambda: self.worker_pid(worker), 30, what=f"the {worker}")
+
+    def wait_or_show_errors(self, predicate, what):
+        try:
+            wait_until(predicate, 60, what=what)
+        except AssertionError:
+            stats = self.scalar("SELECT string_agg(role || ': ' || last_error, ' | ') "
+                                "FROM outbox.worker_stats WHERE last_error IS NOT NULL")
+            self.fail(f"never {what}; worker_stats: {stats}")
 
     # ---- array_nulls ----------------------------------------------------------
 
@@ -97,12 +107,10 @@ class DatabaseOwnerSettings(unittest.TestCase):
         # The user depends on: header_values holds NULL for a header that
         # came without a value (outbox--1.4.sql), and "every record is
         # stored, losslessly" (docs/security.md).  The consumer passes the
-        # headers as a bytea[] *literal* with a bare NULL; array_nulls is not
-        # among the pinned settings, so a database owner's
-        # ALTER DATABASE ... SET array_nulls = off makes it the 4 bytes "NULL".
-        self.as_owner("ALTER DATABASE postgres SET array_nulls = off")
-        self.pg.restart()
-        wait_until(self.consumer_pid, 30, what="the consumer")
+        # headers as a bytea[] *literal* with a bare NULL: were array_nulls
+        # not pinned, a database owner's ALTER DATABASE ... SET
+        # array_nulls = off would make it the 4 bytes "NULL".
+        self.owner_sets("array_nulls = off")
         eid = str(uuid.uuid4())
         self.produce(INBOX, b'{"n": 1}', [("event_id", eid.encode()), ("none", None),
                                           ("some", b"v")])
@@ -124,39 +132,29 @@ class DatabaseOwnerSettings(unittest.TestCase):
         # owner may set for its database (to a role it is a member of); the
         # workers connect as the bootstrap superuser, which is a member of
         # every role, so Postgres applies it at their connection and every
-        # statement of theirs then runs as dbowner.
-        self.as_owner("ALTER DATABASE postgres SET role = dbowner")
-        self.pg.restart()
-        wait_until(self.consumer_pid, 30, what="the consumer")
+        # statement of theirs would run as dbowner, were `role` not pinned.
+        self.owner_sets("role = dbowner")
         eid = str(uuid.uuid4())
         self.produce(OTHER, b'{"n": 1}', [("event_id", eid.encode())])
-        try:
-            wait_until(lambda: self.scalar("SELECT count(*) FROM handled WHERE event_id = %s",
-                                           eid), 60, what="the record stored and handled")
-        except AssertionError:
-            stats = self.scalar("SELECT string_agg(role || ': ' || last_error, ' | ') "
-                                "FROM outbox.worker_stats WHERE last_error IS NOT NULL")
-            self.fail(f"the record was never handled; worker_stats: {stats}")
+        self.wait_or_show_errors(
+            lambda: self.scalar("SELECT count(*) FROM handled WHERE event_id = %s", eid),
+            "the record stored and handled")
 
     def test_database_owner_set_role_does_not_stop_the_relay(self):
         # The user depends on: a writer's committed outbox.write() is
         # published; the database owner cannot stop the relay for every
         # writer of the database (docs/security.md, kPinned).
-        self.relay_publishes_after("ALTER DATABASE postgres SET role = dbowner")
+        self.relay_publishes_after("role = dbowner")
 
     def test_database_owner_session_authorization_does_not_stop_the_relay(self):
         # session_authorization is a USERSET setting too, and a database
         # owner may set it for its database: a superuser's connection (a
         # worker's) then becomes the owner's session, which `SET ROLE NONE`
         # does not undo.
-        self.relay_publishes_after(
-            "ALTER DATABASE postgres SET session_authorization = dbowner")
+        self.relay_publishes_after("session_authorization = dbowner")
 
     def relay_publishes_after(self, setting):
-        self.as_owner(setting)
-        self.pg.restart()
-        wait_until(lambda: self.scalar("SELECT pid FROM pg_stat_activity "
-                                       "WHERE backend_type = 'pg outbox relay'"), 30, what="the relay")
+        self.owner_sets(setting, worker="relay")
         conn = self.pg.connect("postgres")
         conn.autocommit = True
         with conn.cursor() as cur:
@@ -164,14 +162,10 @@ class DatabaseOwnerSettings(unittest.TestCase):
             cur.execute("SET ROLE writer")
             cur.execute("SELECT outbox.write(%s, 'k', '{\"n\": 1}')", (RELAYED,))
         conn.close()
-        try:
-            wait_until(lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
-                                           "WHERE published_at IS NOT NULL") == 1, 60,
-                       what="the writer's message published")
-        except AssertionError:
-            stats = self.scalar("SELECT string_agg(role || ': ' || last_error, ' | ') "
-                                "FROM outbox.worker_stats WHERE last_error IS NOT NULL")
-            self.fail(f"the message was never published; worker_stats: {stats}")
+        self.wait_or_show_errors(
+            lambda: self.scalar("SELECT count(*) FROM outbox.outbox_message "
+                                "WHERE published_at IS NOT NULL") == 1,
+            "the writer's message published")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import unittest
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import PgCluster, TestBroker, wait_until  # noqa: E402
+from harness import TestBroker, inbox_cluster, wait_until  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
 A = "team-a.events"
@@ -33,11 +33,7 @@ class InboxIntake(unittest.TestCase):
 
     def setUp(self):
         self.broker = TestBroker(topics=(f"{A}:1", f"{B}:1", f"{BIG}:{BIG_PARTITIONS}"))
-        self.pg = PgCluster({"outbox.brokers": f"'{self.broker.bootstrap}'",
-                             "outbox.inbox": "on",
-                             "outbox.inbox_topics": f"'{A},{B},{BIG}'",
-                             "outbox.kafka_config": "'session.timeout.ms=6000;heartbeat.interval.ms=500'"},
-                            name="outbox-intake")
+        self.pg = inbox_cluster(self.broker, (A, B, BIG), "outbox-intake")
         self.pg.start()
         self.pg.sql(SCHEMA)
         self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
