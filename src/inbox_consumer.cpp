@@ -182,44 +182,21 @@ bytea *to_bytea(const std::string &bytes) {
 }
 
 char *raw_base64(const std::string &bytes) {
-    std::size_t n = outbox::json::base64_length(bytes.size());
-    StringInfoData out;
-    initStringInfo(&out);
-    appendStringInfoString(&out, "{\"raw_base64\": \"");
-    enlargeStringInfo(&out, static_cast<int>(n) + 2);
-    outbox::json::base64_encode(bytes.data(), bytes.size(), out.data + out.len);
-    out.len += static_cast<int>(n);
-    out.data[out.len] = '\0';
-    appendStringInfoString(&out, "\"}");
-    return out.data;
+    std::size_t n = outbox::json::raw_base64_json_length(bytes.size());
+    auto *out = static_cast<char *>(palloc(n + 1));
+    outbox::json::write_raw_base64_json(bytes.data(), bytes.size(), out);
+    out[n] = '\0';
+    return out;
 }
 
-// The literal of a bytea[] holding `values` (hex), for the insert's text[]
-// parameters: one array per record, whatever its size.
-char *bytea_array_literal(const std::vector<std::pair<std::string, std::string>> &headers,
-                          const std::vector<bool> &has_value, bool names) {
-    static const char hex[] = "0123456789abcdef";
-    StringInfoData out;
-    initStringInfo(&out);
-    appendStringInfoChar(&out, '{');
-    for (std::size_t k = 0; k < headers.size(); k++) {
-        if (k > 0) appendStringInfoChar(&out, ',');
-        if (!names && !has_value[k]) {
-            appendStringInfoString(&out, "NULL");
-            continue;
-        }
-        const std::string &b = names ? headers[k].first : headers[k].second;
-        enlargeStringInfo(&out, static_cast<int>(b.size() * 2 + 8));
-        appendStringInfoString(&out, "\"\\\\x");
-        for (unsigned char c : b) {
-            out.data[out.len++] = hex[c >> 4];
-            out.data[out.len++] = hex[c & 15];
-        }
-        out.data[out.len] = '\0';
-        appendStringInfoChar(&out, '"');
-    }
-    appendStringInfoChar(&out, '}');
-    return out.data;
+// The bytea[] literal of the record's header names or values, for the
+// insert's text[] parameters: one array per record, whatever its size.
+char *bytea_array_literal(const outbox::kafka::InRecord &r, bool names) {
+    std::size_t n = outbox::json::bytea_array_literal_length(r.headers, r.header_has_value, names);
+    auto *out = static_cast<char *>(palloc(n + 1));
+    outbox::json::write_bytea_array_literal(r.headers, r.header_has_value, names, out);
+    out[n] = '\0';
+    return out;
 }
 
 // Record i of the batch as a row for outbox.inbox_message.
@@ -251,8 +228,8 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     }
     appendStringInfoChar(&h, '}');
     row->headers = h.data;
-    row->header_names = bytea_array_literal(r.headers, r.header_has_value, true);
-    row->header_values = bytea_array_literal(r.headers, r.header_has_value, false);
+    row->header_names = bytea_array_literal(r, true);
+    row->header_values = bytea_array_literal(r, false);
     row->event_id_note = r.event_id_note.empty() ? nullptr : r.event_id_note.c_str();
 }
 
