@@ -44,6 +44,7 @@
 #include "outbox/kafka/config.h"
 #include "outbox/kafka/consumer.h"
 
+#include "outbox/encoding.h"
 #include "outbox/guc.h"
 #include "outbox/queries/inbox.h"
 #include "outbox/shmem.h"
@@ -52,7 +53,6 @@
 
 extern "C" {
 #include "catalog/namespace.h"
-#include "mb/pg_wchar.h"
 #include "storage/ipc.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -129,51 +129,6 @@ bool commit_offsets(ConsumerState *st, char *err, std::size_t errlen) noexcept {
 
 // ---- Postgres side ----
 
-// `len` bytes of UTF-8 in the server's encoding, or nullptr when they are
-// not valid UTF-8 (or hold a NUL) or hold a character it lacks.
-char *to_server(const char *utf8, std::size_t len) {
-    int ilen = static_cast<int>(len);
-    if (memchr(utf8, '\0', len) || !pg_verify_mbstr(PG_UTF8, utf8, ilen, true)) return nullptr;
-    int enc = GetDatabaseEncoding();
-    if (enc == PG_UTF8 || enc == PG_SQL_ASCII) return pnstrdup(utf8, len);
-    Oid proc = FindDefaultConversionProc(PG_UTF8, enc);
-    if (!OidIsValid(proc)) return nullptr;
-    auto *out = static_cast<unsigned char *>(palloc(len * MAX_CONVERSION_GROWTH + 1));
-    int done = pg_do_encoding_conversion_buf(
-        proc, PG_UTF8, enc, reinterpret_cast<unsigned char *>(const_cast<char *>(utf8)), ilen, out,
-        static_cast<int>(len * MAX_CONVERSION_GROWTH + 1), true);
-    return done == ilen ? reinterpret_cast<char *>(out) : nullptr;
-}
-
-// Always text in the server's encoding: what cannot be kept as a character
-// (bytes that are not UTF-8, a character the encoding lacks) is written as
-// \xNN escapes of its bytes.
-char *to_server_escaped(const char *utf8, std::size_t len) {
-    if (char *whole = to_server(utf8, len)) return whole;
-    StringInfoData out;
-    initStringInfo(&out);
-    static const char hex[] = "0123456789abcdef";
-    const auto *s = reinterpret_cast<const unsigned char *>(utf8);
-    for (std::size_t i = 0; i < len;) {
-        std::size_t n = s[i] < 0x80 ? 1 : static_cast<std::size_t>(pg_utf_mblen(s + i));
-        bool valid = s[i] != 0 && i + n <= len &&
-                     pg_verify_mbstr(PG_UTF8, utf8 + i, static_cast<int>(n), true);
-        if (!valid) n = 1;
-        char *one = valid ? to_server(utf8 + i, n) : nullptr;
-        if (one) {
-            appendStringInfoString(&out, one);
-        } else {
-            for (std::size_t k = 0; k < n; k++) {
-                appendStringInfoString(&out, "\\x");
-                appendStringInfoChar(&out, hex[s[i + k] >> 4]);
-                appendStringInfoChar(&out, hex[s[i + k] & 15]);
-            }
-        }
-        i += n;
-    }
-    return out.data;
-}
-
 bytea *to_bytea(const std::string &bytes) {
     auto *b = static_cast<bytea *>(palloc(VARHDRSZ + bytes.size()));
     SET_VARSIZE(b, VARHDRSZ + bytes.size());
@@ -207,13 +162,14 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     row->partition = r.partition;
     row->offset = r.offset;
     row->timestamp = r.timestamp;
-    row->key = r.has_key ? to_server_escaped(r.key.data(), r.key.size()) : nullptr;
+    row->key = r.has_key ? outbox_utf8_to_server_escaped(r.key.data(), r.key.size()) : nullptr;
     row->key_bytes = r.has_key ? to_bytea(r.key) : nullptr;
     row->value = r.has_value ? to_bytea(r.value) : nullptr;
     if (!r.has_value) {
         row->payload = "null";
     } else {
-        char *json = r.value_is_json ? to_server(r.value.data(), r.value.size()) : nullptr;
+        char *json =
+            r.value_is_json ? outbox_utf8_to_server(r.value.data(), r.value.size()) : nullptr;
         row->payload = json ? json : raw_base64(r.value);
     }
     StringInfoData h;
@@ -222,9 +178,9 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     for (std::size_t k = 0; k < r.headers.size(); k++) {
         if (k > 0) appendStringInfoString(&h, ", ");
         const auto &header = r.headers[k];
-        escape_json(&h, to_server_escaped(header.first.data(), header.first.size()));
+        escape_json(&h, outbox_utf8_to_server_escaped(header.first.data(), header.first.size()));
         appendStringInfoString(&h, ": ");
-        escape_json(&h, to_server_escaped(header.second.data(), header.second.size()));
+        escape_json(&h, outbox_utf8_to_server_escaped(header.second.data(), header.second.size()));
     }
     appendStringInfoChar(&h, '}');
     row->headers = h.data;
