@@ -29,7 +29,7 @@ bool converts_nothing(int enc) { return enc == PG_UTF8 || enc == PG_SQL_ASCII; }
 
 }  // namespace
 
-char *outbox_utf8_to_server(const char *utf8, std::size_t len) {
+char *outbox_encoding_from_utf8(const char *utf8, std::size_t len) {
     if (memchr(utf8, '\0', len) || !pg_verify_mbstr(PG_UTF8, utf8, static_cast<int>(len), true))
         return nullptr;
     int enc = GetDatabaseEncoding();
@@ -39,8 +39,8 @@ char *outbox_utf8_to_server(const char *utf8, std::size_t len) {
     return convert(proc, PG_UTF8, enc, utf8, len);
 }
 
-char *outbox_utf8_to_server_escaped(const char *utf8, std::size_t len) {
-    if (char *whole = outbox_utf8_to_server(utf8, len)) return whole;
+char *outbox_encoding_from_utf8_escaped(const char *utf8, std::size_t len) {
+    if (char *whole = outbox_encoding_from_utf8(utf8, len)) return whole;
     if (converts_nothing(GetDatabaseEncoding())) {
         // Every UTF-8 character has its place: only the other bytes are
         // escaped.
@@ -55,7 +55,7 @@ char *outbox_utf8_to_server_escaped(const char *utf8, std::size_t len) {
     initStringInfo(&out);
     for (std::size_t i = 0; i < len;) {
         std::size_t n = outbox::json::utf8_char_length(utf8, len, i);
-        char *one = n > 0 ? outbox_utf8_to_server(utf8 + i, n) : nullptr;
+        char *one = n > 0 ? outbox_encoding_from_utf8(utf8 + i, n) : nullptr;
         if (n == 0) n = 1;
         if (one) {
             appendStringInfoString(&out, one);
@@ -70,7 +70,7 @@ char *outbox_utf8_to_server_escaped(const char *utf8, std::size_t len) {
     return out.data;
 }
 
-const char *outbox_server_to_utf8(const char *s, std::size_t *len) {
+const char *outbox_encoding_to_utf8(const char *s, std::size_t *len) {
     int enc = GetDatabaseEncoding();
     if (converts_nothing(enc) || *len == 0) return s;
     static Oid proc = InvalidOid;

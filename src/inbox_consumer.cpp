@@ -162,14 +162,14 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     row->partition = r.partition;
     row->offset = r.offset;
     row->timestamp = r.timestamp;
-    row->key = r.has_key ? outbox_utf8_to_server_escaped(r.key.data(), r.key.size()) : nullptr;
+    row->key = r.has_key ? outbox_encoding_from_utf8_escaped(r.key.data(), r.key.size()) : nullptr;
     row->key_bytes = r.has_key ? to_bytea(r.key) : nullptr;
     row->value = r.has_value ? to_bytea(r.value) : nullptr;
     if (!r.has_value) {
         row->payload = "null";
     } else {
         char *json =
-            r.value_is_json ? outbox_utf8_to_server(r.value.data(), r.value.size()) : nullptr;
+            r.value_is_json ? outbox_encoding_from_utf8(r.value.data(), r.value.size()) : nullptr;
         row->payload = json ? json : raw_base64(r.value);
     }
     StringInfoData h;
@@ -177,10 +177,10 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     appendStringInfoChar(&h, '{');
     for (std::size_t k = 0; k < r.headers.size(); k++) {
         if (k > 0) appendStringInfoString(&h, ", ");
-        const auto &header = r.headers[k];
-        escape_json(&h, outbox_utf8_to_server_escaped(header.first.data(), header.first.size()));
+        const std::string &name = r.headers[k].first, &value = r.headers[k].second;
+        escape_json(&h, outbox_encoding_from_utf8_escaped(name.data(), name.size()));
         appendStringInfoString(&h, ": ");
-        escape_json(&h, outbox_utf8_to_server_escaped(header.second.data(), header.second.size()));
+        escape_json(&h, outbox_encoding_from_utf8_escaped(value.data(), value.size()));
     }
     appendStringInfoChar(&h, '}');
     row->headers = h.data;

@@ -236,7 +236,7 @@ pg_uuid_t *insert(OutboxNewMessage *m) {
 Datum order_key_of_bytes(bytea *key) {
     const char *data = VARDATA_ANY(key);
     std::size_t len = VARSIZE_ANY_EXHDR(key);
-    if (char *text = outbox_utf8_to_server(data, len))
+    if (char *text = outbox_encoding_from_utf8(data, len))
         return PointerGetDatum(cstring_to_text(text));
     auto *hex = static_cast<char *>(palloc(2 + 2 * len));
     hex[0] = '\\';

@@ -13,12 +13,12 @@
 // `len` bytes of UTF-8 as a NUL-terminated string in the database's
 // encoding (a copy), or nullptr when they are not valid UTF-8, hold a NUL,
 // or hold a character the encoding lacks.
-char *outbox_utf8_to_server(const char *utf8, std::size_t len);
+char *outbox_encoding_from_utf8(const char *utf8, std::size_t len);
 
 // `len` bytes of UTF-8 as text in the database's encoding, always: what
 // cannot be kept as a character (bytes that are not UTF-8, a character the
 // encoding lacks) is written as \xNN escapes of its bytes.
-char *outbox_utf8_to_server_escaped(const char *utf8, std::size_t len);
+char *outbox_encoding_from_utf8_escaped(const char *utf8, std::size_t len);
 
 // `*len` bytes of text in the database's encoding as UTF-8, with `*len`
 // set to the result's length; `s` itself when nothing needs converting (a
@@ -27,4 +27,4 @@ char *outbox_utf8_to_server_escaped(const char *utf8, std::size_t len);
 // UTF-8 (a few bytes of WIN1251 or WIN1252 map to nothing).  For workers:
 // the conversion is looked up once per process, since their database and
 // their search_path never change.
-const char *outbox_server_to_utf8(const char *s, std::size_t *len);
+const char *outbox_encoding_to_utf8(const char *s, std::size_t *len);

@@ -109,7 +109,7 @@ char *render_json(Datum d, const char *what, std::size_t *len, char **error) {
 // `text` in UTF-8, or an error naming `what` for parking.
 const char *utf8_or_error(const char *text, std::size_t *len, const char *what, char **error) {
     if (*error) return text;
-    const char *out = outbox_server_to_utf8(text, len);
+    const char *out = outbox_encoding_to_utf8(text, len);
     if (out) return out;
     *error = psprintf("the %s holds a character that has no equivalent in UTF-8 (database "
                       "encoding %s)",
