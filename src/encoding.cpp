@@ -1,7 +1,7 @@
-#include "outbox/encoding.h"
-
 #include "outbox/common/hex.h"
 #include "outbox/json/record.h"
+
+#include "outbox/encoding.h"
 
 extern "C" {
 #include "catalog/namespace.h"
