@@ -44,6 +44,7 @@
 #include "outbox/kafka/config.h"
 #include "outbox/kafka/consumer.h"
 
+#include "outbox/encoding.h"
 #include "outbox/guc.h"
 #include "outbox/kafka_link.h"
 #include "outbox/queries/inbox.h"
@@ -53,7 +54,6 @@
 
 extern "C" {
 #include "catalog/namespace.h"
-#include "mb/pg_wchar.h"
 #include "storage/ipc.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -121,51 +121,6 @@ bool commit_offsets(ConsumerState *st, char *err, std::size_t errlen) noexcept {
 
 // ---- Postgres side ----
 
-// `len` bytes of UTF-8 in the server's encoding, or nullptr when they are
-// not valid UTF-8 (or hold a NUL) or hold a character it lacks.
-char *to_server(const char *utf8, std::size_t len) {
-    int ilen = static_cast<int>(len);
-    if (memchr(utf8, '\0', len) || !pg_verify_mbstr(PG_UTF8, utf8, ilen, true)) return nullptr;
-    int enc = GetDatabaseEncoding();
-    if (enc == PG_UTF8 || enc == PG_SQL_ASCII) return pnstrdup(utf8, len);
-    Oid proc = FindDefaultConversionProc(PG_UTF8, enc);
-    if (!OidIsValid(proc)) return nullptr;
-    auto *out = static_cast<unsigned char *>(palloc(len * MAX_CONVERSION_GROWTH + 1));
-    int done = pg_do_encoding_conversion_buf(
-        proc, PG_UTF8, enc, reinterpret_cast<unsigned char *>(const_cast<char *>(utf8)), ilen, out,
-        static_cast<int>(len * MAX_CONVERSION_GROWTH + 1), true);
-    return done == ilen ? reinterpret_cast<char *>(out) : nullptr;
-}
-
-// Always text in the server's encoding: what cannot be kept as a character
-// (bytes that are not UTF-8, a character the encoding lacks) is written as
-// \xNN escapes of its bytes.
-char *to_server_escaped(const char *utf8, std::size_t len) {
-    if (char *whole = to_server(utf8, len)) return whole;
-    StringInfoData out;
-    initStringInfo(&out);
-    static const char hex[] = "0123456789abcdef";
-    const auto *s = reinterpret_cast<const unsigned char *>(utf8);
-    for (std::size_t i = 0; i < len;) {
-        std::size_t n = s[i] < 0x80 ? 1 : static_cast<std::size_t>(pg_utf_mblen(s + i));
-        bool valid = s[i] != 0 && i + n <= len &&
-                     pg_verify_mbstr(PG_UTF8, utf8 + i, static_cast<int>(n), true);
-        if (!valid) n = 1;
-        char *one = valid ? to_server(utf8 + i, n) : nullptr;
-        if (one) {
-            appendStringInfoString(&out, one);
-        } else {
-            for (std::size_t k = 0; k < n; k++) {
-                appendStringInfoString(&out, "\\x");
-                appendStringInfoChar(&out, hex[s[i + k] >> 4]);
-                appendStringInfoChar(&out, hex[s[i + k] & 15]);
-            }
-        }
-        i += n;
-    }
-    return out.data;
-}
-
 bytea *to_bytea(const std::string &bytes) {
     auto *b = static_cast<bytea *>(palloc(VARHDRSZ + bytes.size()));
     SET_VARSIZE(b, VARHDRSZ + bytes.size());
@@ -174,44 +129,21 @@ bytea *to_bytea(const std::string &bytes) {
 }
 
 char *raw_base64(const std::string &bytes) {
-    std::size_t n = outbox::json::base64_length(bytes.size());
-    StringInfoData out;
-    initStringInfo(&out);
-    appendStringInfoString(&out, "{\"raw_base64\": \"");
-    enlargeStringInfo(&out, static_cast<int>(n) + 2);
-    outbox::json::base64_encode(bytes.data(), bytes.size(), out.data + out.len);
-    out.len += static_cast<int>(n);
-    out.data[out.len] = '\0';
-    appendStringInfoString(&out, "\"}");
-    return out.data;
+    std::size_t n = outbox::json::raw_base64_json_length(bytes.size());
+    auto *out = static_cast<char *>(palloc(n + 1));
+    outbox::json::write_raw_base64_json(bytes.data(), bytes.size(), out);
+    out[n] = '\0';
+    return out;
 }
 
-// The literal of a bytea[] holding `values` (hex), for the insert's text[]
-// parameters: one array per record, whatever its size.
-char *bytea_array_literal(const std::vector<std::pair<std::string, std::string>> &headers,
-                          const std::vector<bool> &has_value, bool names) {
-    static const char hex[] = "0123456789abcdef";
-    StringInfoData out;
-    initStringInfo(&out);
-    appendStringInfoChar(&out, '{');
-    for (std::size_t k = 0; k < headers.size(); k++) {
-        if (k > 0) appendStringInfoChar(&out, ',');
-        if (!names && !has_value[k]) {
-            appendStringInfoString(&out, "NULL");
-            continue;
-        }
-        const std::string &b = names ? headers[k].first : headers[k].second;
-        enlargeStringInfo(&out, static_cast<int>(b.size() * 2 + 8));
-        appendStringInfoString(&out, "\"\\\\x");
-        for (unsigned char c : b) {
-            out.data[out.len++] = hex[c >> 4];
-            out.data[out.len++] = hex[c & 15];
-        }
-        out.data[out.len] = '\0';
-        appendStringInfoChar(&out, '"');
-    }
-    appendStringInfoChar(&out, '}');
-    return out.data;
+// The bytea[] literal of the record's header names or values, for the
+// insert's text[] parameters: one array per record, whatever its size.
+char *bytea_array_literal(const outbox::kafka::InRecord &r, bool names) {
+    std::size_t n = outbox::json::bytea_array_literal_length(r.headers, r.header_has_value, names);
+    auto *out = static_cast<char *>(palloc(n + 1));
+    outbox::json::write_bytea_array_literal(r.headers, r.header_has_value, names, out);
+    out[n] = '\0';
+    return out;
 }
 
 // Record i of the batch as a row for outbox.inbox_message.
@@ -222,13 +154,14 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     row->partition = r.partition;
     row->offset = r.offset;
     row->timestamp = r.timestamp;
-    row->key = r.has_key ? to_server_escaped(r.key.data(), r.key.size()) : nullptr;
+    row->key = r.has_key ? outbox_encoding_from_utf8_escaped(r.key.data(), r.key.size()) : nullptr;
     row->key_bytes = r.has_key ? to_bytea(r.key) : nullptr;
     row->value = r.has_value ? to_bytea(r.value) : nullptr;
     if (!r.has_value) {
         row->payload = "null";
     } else {
-        char *json = r.value_is_json ? to_server(r.value.data(), r.value.size()) : nullptr;
+        char *json =
+            r.value_is_json ? outbox_encoding_from_utf8(r.value.data(), r.value.size()) : nullptr;
         row->payload = json ? json : raw_base64(r.value);
     }
     StringInfoData h;
@@ -236,15 +169,15 @@ void prepare(ConsumerState *st, std::size_t i, OutboxInboxRow *row) {
     appendStringInfoChar(&h, '{');
     for (std::size_t k = 0; k < r.headers.size(); k++) {
         if (k > 0) appendStringInfoString(&h, ", ");
-        const auto &header = r.headers[k];
-        escape_json(&h, to_server_escaped(header.first.data(), header.first.size()));
+        const std::string &name = r.headers[k].first, &value = r.headers[k].second;
+        escape_json(&h, outbox_encoding_from_utf8_escaped(name.data(), name.size()));
         appendStringInfoString(&h, ": ");
-        escape_json(&h, to_server_escaped(header.second.data(), header.second.size()));
+        escape_json(&h, outbox_encoding_from_utf8_escaped(value.data(), value.size()));
     }
     appendStringInfoChar(&h, '}');
     row->headers = h.data;
-    row->header_names = bytea_array_literal(r.headers, r.header_has_value, true);
-    row->header_values = bytea_array_literal(r.headers, r.header_has_value, false);
+    row->header_names = bytea_array_literal(r, true);
+    row->header_values = bytea_array_literal(r, false);
     row->event_id_note = r.event_id_note.empty() ? nullptr : r.event_id_note.c_str();
 }
 

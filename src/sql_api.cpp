@@ -3,8 +3,10 @@
 // is_processed and the inbox's SQL side are SQL/plpgsql in the schema.)
 #include "outbox/pg.h"
 
+#include "outbox/common/hex.h"
 #include "outbox/common/topic.h"
 #include "outbox/sql_args.h"
+#include "outbox/encoding.h"
 #include "outbox/guc.h"
 #include "outbox/policy.h"
 #include "outbox/queries/write.h"
@@ -233,33 +235,14 @@ pg_uuid_t *insert(OutboxNewMessage *m) {
 // bytes in hex, which no outbox.write() key of the same bytes can be.
 Datum order_key_of_bytes(bytea *key) {
     const char *data = VARDATA_ANY(key);
-    int len = static_cast<int>(VARSIZE_ANY_EXHDR(key));
-    bool is_text = memchr(data, '\0', len) == nullptr &&
-                   pg_verify_mbstr(PG_UTF8, data, len, true);
-    if (is_text) {
-        int enc = GetDatabaseEncoding();
-        if (enc == PG_UTF8 || enc == PG_SQL_ASCII)
-            return PointerGetDatum(cstring_to_text_with_len(data, len));
-        // Into the server's encoding, if every character has a place there.
-        unsigned char *out = static_cast<unsigned char *>(palloc(len * MAX_CONVERSION_GROWTH + 1));
-        Oid proc = FindDefaultConversionProc(PG_UTF8, enc);
-        if (OidIsValid(proc)) {
-            int done = pg_do_encoding_conversion_buf(
-                proc, PG_UTF8, enc, reinterpret_cast<unsigned char *>(const_cast<char *>(data)),
-                len, out, len * MAX_CONVERSION_GROWTH + 1, true);
-            if (done == len) return PointerGetDatum(cstring_to_text(reinterpret_cast<char *>(out)));
-        }
-    }
-    StringInfoData hex;
-    initStringInfo(&hex);
-    appendStringInfoString(&hex, "\\x");
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < len; i++) {
-        unsigned char c = static_cast<unsigned char>(data[i]);
-        appendStringInfoChar(&hex, digits[c >> 4]);
-        appendStringInfoChar(&hex, digits[c & 15]);
-    }
-    return PointerGetDatum(cstring_to_text_with_len(hex.data, hex.len));
+    std::size_t len = VARSIZE_ANY_EXHDR(key);
+    if (char *text = outbox_encoding_from_utf8(data, len))
+        return PointerGetDatum(cstring_to_text(text));
+    auto *hex = static_cast<char *>(palloc(2 + 2 * len));
+    hex[0] = '\\';
+    hex[1] = 'x';
+    outbox::hex::encode(data, len, hex + 2);
+    return PointerGetDatum(cstring_to_text_with_len(hex, static_cast<int>(2 + 2 * len)));
 }
 
 }  // namespace

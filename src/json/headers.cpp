@@ -90,17 +90,6 @@ bool decode_headers(std::string_view json_text, std::vector<Header> &out,
     }
 }
 
-bool encode_headers(const std::vector<Header> &headers, std::string &out) noexcept {
-    try {
-        nlohmann::ordered_json obj = nlohmann::ordered_json::object();
-        for (const Header &h : headers) obj[h.name] = h.value;
-        out = obj.dump();
-        return true;
-    } catch (...) {
-        return false;
-    }
-}
-
 bool has_header(const std::vector<Header> &headers, std::string_view name) noexcept {
     for (const Header &h : headers)
         if (h.name == name) return true;

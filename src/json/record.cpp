@@ -1,16 +1,17 @@
 #include "outbox/pure_tu.h"
 #include "outbox/json/record.h"
 
+#include "outbox/common/hex.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <cstring>
 
 namespace outbox::json {
 
-namespace {
-
-// Length of the valid UTF-8 sequence at s[i], or 0 when it is not one.
-std::size_t utf8_sequence(const unsigned char *s, std::size_t len, std::size_t i) {
+std::size_t utf8_char_length(const void *data, std::size_t len, std::size_t i) noexcept {
+    const auto *s = static_cast<const unsigned char *>(data);
     unsigned char c = s[i];
     std::size_t n;
     uint32_t cp;
@@ -38,12 +39,9 @@ std::size_t utf8_sequence(const unsigned char *s, std::size_t len, std::size_t i
     return n;
 }
 
-}  // namespace
-
 bool is_valid_utf8(const void *data, std::size_t len) {
-    const auto *s = static_cast<const unsigned char *>(data);
     for (std::size_t i = 0; i < len;) {
-        std::size_t n = utf8_sequence(s, len, i);
+        std::size_t n = utf8_char_length(data, len, i);
         if (n == 0) return false;
         i += n;
     }
@@ -67,44 +65,93 @@ void base64_encode(const void *data, std::size_t len, char *out) noexcept {
     }
 }
 
-std::string base64(const void *data, std::size_t len) {
-    std::string out(base64_length(len), '\0');
-    base64_encode(data, len, out.data());
+namespace {
+
+constexpr char kRawBase64Open[] = "{\"raw_base64\": \"";
+constexpr char kRawBase64Close[] = "\"}";
+
+// An element of a bytea[] literal: "\\x" and the hex digits, quoted; the
+// doubled backslash is the array literal's escape of one.
+constexpr char kByteaOpen[] = "\"\\\\x";
+
+}  // namespace
+
+std::size_t raw_base64_json_length(std::size_t len) noexcept {
+    return sizeof kRawBase64Open - 1 + base64_length(len) + sizeof kRawBase64Close - 1;
+}
+
+void write_raw_base64_json(const void *data, std::size_t len, char *out) noexcept {
+    std::memcpy(out, kRawBase64Open, sizeof kRawBase64Open - 1);
+    out += sizeof kRawBase64Open - 1;
+    base64_encode(data, len, out);
+    out += base64_length(len);
+    std::memcpy(out, kRawBase64Close, sizeof kRawBase64Close - 1);
+}
+
+std::size_t escaped_text_length(const void *data, std::size_t len) noexcept {
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < len;) {
+        std::size_t n = utf8_char_length(data, len, i);
+        out += n == 0 ? 4 : n;
+        i += n == 0 ? 1 : n;
+    }
     return out;
 }
 
-std::string bytes_to_text(const void *data, std::size_t len) {
+void write_escaped_text(const void *data, std::size_t len, char *out) noexcept {
     const auto *s = static_cast<const unsigned char *>(data);
-    std::string out;
-    out.reserve(len);
     for (std::size_t i = 0; i < len;) {
-        std::size_t n = utf8_sequence(s, len, i);
+        std::size_t n = utf8_char_length(data, len, i);
         if (n == 0) {
-            static const char hex[] = "0123456789abcdef";
-            out += "\\x";
-            out += hex[s[i] >> 4];
-            out += hex[s[i] & 15];
+            hex::escape(s + i, 1, out);
+            out += 4;
             i++;
         } else {
-            out.append(reinterpret_cast<const char *>(s + i), n);
+            std::memcpy(out, s + i, n);
+            out += n;
             i += n;
         }
     }
+}
+
+std::size_t bytea_array_literal_length(const RawHeaders &headers,
+                                       const std::vector<bool> &has_value, bool names) noexcept {
+    std::size_t out = 2 + (headers.empty() ? 0 : headers.size() - 1);
+    for (std::size_t k = 0; k < headers.size(); k++) {
+        if (!names && !has_value[k]) {
+            out += 4;
+            continue;
+        }
+        const std::string &b = names ? headers[k].first : headers[k].second;
+        out += sizeof kByteaOpen - 1 + 2 * b.size() + 1;
+    }
     return out;
+}
+
+void write_bytea_array_literal(const RawHeaders &headers, const std::vector<bool> &has_value,
+                               bool names, char *out) noexcept {
+    *out++ = '{';
+    for (std::size_t k = 0; k < headers.size(); k++) {
+        if (k > 0) *out++ = ',';
+        if (!names && !has_value[k]) {
+            std::memcpy(out, "NULL", 4);
+            out += 4;
+            continue;
+        }
+        const std::string &b = names ? headers[k].first : headers[k].second;
+        std::memcpy(out, kByteaOpen, sizeof kByteaOpen - 1);
+        out += sizeof kByteaOpen - 1;
+        hex::encode(b.data(), b.size(), out);
+        out += 2 * b.size();
+        *out++ = '"';
+    }
+    *out = '}';
 }
 
 bool is_json_text(const void *data, std::size_t len) {
     return is_valid_utf8(data, len) &&
            nlohmann::json::accept(static_cast<const char *>(data),
                                   static_cast<const char *>(data) + len);
-}
-
-std::string value_to_json(const void *data, std::size_t len, bool present) {
-    if (!present) return "null";
-    if (is_valid_utf8(data, len) &&
-        nlohmann::json::accept(static_cast<const char *>(data), static_cast<const char *>(data) + len))
-        return std::string(static_cast<const char *>(data), len);
-    return nlohmann::json{{"raw_base64", base64(data, len)}}.dump();
 }
 
 bool is_uuid_text(const std::string &s) {

@@ -1,7 +1,9 @@
 #include "outbox/queries/relay.h"
 
+#include "outbox/common/hex.h"
 #include "outbox/policy.h"
 
+#include "outbox/encoding.h"
 #include "outbox/queries/relay_sql.h"
 #include "outbox/queries/spi.h"
 #include "outbox/worker_common.h"
@@ -61,29 +63,6 @@ OutboxQuery failures_query_before_13 = {
 // whole claim again and again.
 constexpr Size kRenderGuardBytes = 16 * 1024 * 1024;
 
-// Text in UTF-8: what Kafka clients expect of JSON, keys and header values.
-// A UTF-8 server needs nothing; SQL_ASCII has no encoding to convert from,
-// so its bytes go as they are.  A character the server's encoding has and
-// UTF-8 lacks (a few bytes of WIN1251 or WIN1252 map to nothing) gives
-// nullptr, never an ERROR: the row is parked, not claimed again forever.
-const char *to_utf8(const char *s, std::size_t *len) {
-    int enc = GetDatabaseEncoding();
-    if (enc == PG_UTF8 || enc == PG_SQL_ASCII || *len == 0) return s;
-    // A worker's database, and so its encoding, never changes: look the
-    // conversion up once, not for every key, payload and header.
-    static Oid proc = InvalidOid;
-    if (!OidIsValid(proc)) proc = FindDefaultConversionProc(enc, PG_UTF8);
-    if (!OidIsValid(proc)) return nullptr;
-    Size room = *len * MAX_CONVERSION_GROWTH + 1;
-    auto *out = static_cast<unsigned char *>(palloc(room));
-    int done = pg_do_encoding_conversion_buf(
-        proc, enc, PG_UTF8, reinterpret_cast<unsigned char *>(const_cast<char *>(s)),
-        static_cast<int>(*len), out, static_cast<int>(room), true);
-    if (done != static_cast<int>(*len)) return nullptr;
-    *len = strlen(reinterpret_cast<char *>(out));
-    return reinterpret_cast<char *>(out);
-}
-
 const char *text_bytes(Datum d, std::size_t *len) {
     text *t = reinterpret_cast<text *>(pg_detoast_datum_packed(
         reinterpret_cast<varlena *>(DatumGetPointer(d))));
@@ -130,7 +109,7 @@ char *render_json(Datum d, const char *what, std::size_t *len, char **error) {
 // `text` in UTF-8, or an error naming `what` for parking.
 const char *utf8_or_error(const char *text, std::size_t *len, const char *what, char **error) {
     if (*error) return text;
-    const char *out = to_utf8(text, len);
+    const char *out = outbox_encoding_to_utf8(text, len);
     if (out) return out;
     *error = psprintf("the %s holds a character that has no equivalent in UTF-8 (database "
                       "encoding %s)",
@@ -140,12 +119,11 @@ const char *utf8_or_error(const char *text, std::size_t *len, const char *what, 
 }
 
 void format_uuid(const pg_uuid_t *u, char *out) {
-    static const char hex[] = "0123456789abcdef";
     int o = 0;
     for (int i = 0; i < UUID_LEN; i++) {
         if (i == 4 || i == 6 || i == 8 || i == 10) out[o++] = '-';
-        out[o++] = hex[u->data[i] >> 4];
-        out[o++] = hex[u->data[i] & 0xf];
+        outbox::hex::encode(&u->data[i], 1, out + o);
+        o += 2;
     }
     out[o] = '\0';
 }

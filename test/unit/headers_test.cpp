@@ -71,15 +71,12 @@ TEST(Headers, HasHeader) {
     EXPECT_FALSE(has_header({}, "event_id"));
 }
 
-TEST(Headers, EncodeGivesAnObjectOfStringsLastValueWins) {
-    std::string out;
-    ASSERT_TRUE(outbox::json::encode_headers({{"event_id", "x"}, {"t", "a\"b"}, {"t", "last"}}, out));
+TEST(Headers, ANameGivenTwiceKeepsItsPlaceAndItsLastValue) {
     std::vector<Header> back;
     std::string error;
-    ASSERT_TRUE(decode_headers(out, back, error)) << error;
+    ASSERT_TRUE(decode_headers(R"({"event_id": "x", "t": "a\"b", "t": "last"})", back, error))
+        << error;
     ASSERT_EQ(back.size(), 2u);
     EXPECT_EQ(back[0].name, "event_id");
     EXPECT_EQ(back[1].value, "last");
-    ASSERT_TRUE(outbox::json::encode_headers({}, out));
-    EXPECT_EQ(out, "{}");
 }

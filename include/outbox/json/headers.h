@@ -1,5 +1,5 @@
 // Kafka headers as the outbox keeps them: a flat JSON object whose values
-// are strings, in both directions.  Pure C++, noexcept.
+// are strings.  Pure C++, noexcept.
 #pragma once
 
 #include <string>
@@ -20,11 +20,6 @@ struct Header {
 // returns false with a sentence in `error` naming the offending header.
 bool decode_headers(std::string_view json_text, std::vector<Header> &out,
                     std::string &error) noexcept;
-
-// Encodes headers (names and values valid UTF-8) as a JSON object of
-// strings; a name given twice keeps its last value.  "{}" for none; on
-// failure (out of memory) false.
-bool encode_headers(const std::vector<Header> &headers, std::string &out) noexcept;
 
 // True when `headers` already holds a header called `name`.
 bool has_header(const std::vector<Header> &headers, std::string_view name) noexcept;
