@@ -13,18 +13,15 @@
 // A pass stops after kPassBudgetMs and resumes at once, so a long backlog of
 // old rows is worked off without ever holding long locks.
 //
-// The straggler scan: rows the relays' mark passed without seeing them
-// (COPY, a direct INSERT, COMMIT PREPARED) are looked for below the mark;
-// when one is there, the relays go back to it.  The scan walks the index
-// entries below the mark, which a long snapshot keeps (that is what the mark
-// spares the relays), so it runs at most every outbox.poll_interval and
-// takes at most a fiftieth of the time.
+// The straggler scan (outbox_straggler_scan, outbox/low_water.h) looks for
+// rows the relays' low-water mark passed without seeing them; the design is
+// docs/architecture.md, "The low-water mark".
 //
 // Postgres-side code only; an ERROR ends the process and the postmaster
 // starts it again (worker_common.h).
 
 #include "outbox/guc.h"
-#include "outbox/queries/relay.h"
+#include "outbox/low_water.h"
 #include "outbox/queries/retention.h"
 #include "outbox/policy.h"
 #include "outbox/shmem.h"
@@ -42,7 +39,6 @@ namespace {
 
 using outbox::policy::kPassBudgetMs;
 using outbox::policy::kRetentionBatch;
-using outbox::policy::kStragglerCostShare;
 
 struct MaintenanceState {
     TimestampTz next_pass_at;
@@ -100,23 +96,10 @@ bool retention_pass(OutboxWorker *w) {
 }
 
 void straggler_scan(OutboxWorker *w) {
-    int64 mark = outbox_relays_lowest_low_water(MyDatabaseId);
-    if (mark <= 0 || mark == PG_INT64_MAX) return;  // no relay, or it scans from the start
-    TimestampTz start = GetCurrentTimestamp();
-    if (!outbox_worker_begin(w, "pg outbox: looking for stragglers")) return;
-    bool waiting = w->schema >= kOutboxSchema13 && outbox_relay_next_retry() != 0;
-    int64 straggler = outbox_straggler_below(w->schema, mark, waiting);
-    outbox_worker_commit(w);
-    if (straggler >= 0) {
-        ereport(DEBUG1, (errmsg("%s: message %lld is pending below the relays' mark %lld",
-                                w->label, static_cast<long long>(straggler),
-                                static_cast<long long>(mark))));
-        outbox_relay_rescan_from(MyDatabaseId, straggler);
-    }
-    long took = TimestampDifferenceMilliseconds(start, GetCurrentTimestamp());
-    state(w)->next_straggler_scan_at = TimestampTzPlusMilliseconds(
-        GetCurrentTimestamp(), Max(static_cast<long>(outbox_poll_interval_ms),
-                                   took * kStragglerCostShare));
+    long next_in_ms = outbox_straggler_scan(w);
+    if (next_in_ms >= 0)
+        state(w)->next_straggler_scan_at =
+            TimestampTzPlusMilliseconds(GetCurrentTimestamp(), next_in_ms);
 }
 
 void maintenance_start(OutboxWorker *w) {
