@@ -463,8 +463,8 @@ long handler_turn(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kHandler = {
-    OUTBOX_ROLE_INBOX_HANDLER, "inbox handler", true, false, kOutboxSchema14,
-    handler_start,             handler_turn,    nullptr, nullptr,
+    OUTBOX_ROLE_INBOX_HANDLER, true,         false,   kOutboxSchema14,
+    handler_start,             handler_turn, nullptr, nullptr,
 };
 
 }  // namespace

@@ -129,7 +129,7 @@ long maintenance_turn(OutboxWorker *w) {
 void maintenance_reload(OutboxWorker *w) { state(w)->next_pass_at = 0; }
 
 const OutboxWorkerKind kMaintenance = {
-    OUTBOX_ROLE_MAINTENANCE, "maintenance",    false,  false, kOutboxSchema10, maintenance_start,
+    OUTBOX_ROLE_MAINTENANCE, false,   false, kOutboxSchema10, maintenance_start,
     maintenance_turn,        maintenance_reload, nullptr,
 };
 

@@ -606,8 +606,8 @@ void relay_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kRelay = {
-    OUTBOX_ROLE_RELAY, "relay", false, true, kOutboxSchema10, relay_start, relay_turn,
-    relay_reload,      relay_stop,
+    OUTBOX_ROLE_RELAY, false,      true,         kOutboxSchema10, relay_start,
+    relay_turn,        relay_reload, relay_stop,
 };
 
 }  // namespace

@@ -364,10 +364,11 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     // Relays are numbered even alone ("pg outbox relay 1 [app]"), as
     // outbox.worker_stats numbers them.
     if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
-        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", kind->name, w->share + 1,
-                 w->dbname);
+        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", outbox_role_name(kind->role),
+                 w->share + 1, w->dbname);
     else
-        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", kind->name, w->dbname);
+        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", outbox_role_name(kind->role),
+                 w->dbname);
 
     BackgroundWorkerInitializeConnection(w->dbname, nullptr, 0);
     // What user code gets: the path a session of this database starts with.
@@ -376,7 +377,7 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     pin_session_settings();
     apply_wal_compression();
     char appname[64];
-    snprintf(appname, sizeof appname, "pg outbox %s", kind->name);
+    snprintf(appname, sizeof appname, "pg outbox %s", outbox_role_name(kind->role));
     pgstat_report_appname(appname);
     outbox_slot_attach(w->slot, role, w->share, MyDatabaseId);
 

@@ -47,8 +47,7 @@ inline constexpr int kOutboxSchema14 = 140;
 struct OutboxWorker;
 
 struct OutboxWorkerKind {
-    OutboxWorkerRole role;
-    const char *name;   // "relay": the process is "pg outbox relay" in pg_stat_activity
+    OutboxWorkerRole role;  // its name is outbox_role_name(role) (workers.h)
     bool stops_at_once; // runs user code: SIGTERM cancels the turn
     bool kafka_pipe;    // talks to Kafka: a pipe librdkafka writes to
     int needs_schema;   // the oldest schema version its statements work with
