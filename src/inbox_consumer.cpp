@@ -516,8 +516,9 @@ void consumer_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kConsumer = {
-    OUTBOX_ROLE_INBOX_CONSUMER, false,         true,            kOutboxSchema14,
-    consumer_start,             consumer_turn, consumer_reload, consumer_stop,
+    OUTBOX_ROLE_INBOX_CONSUMER, false,          true,           OutboxPlanner::kCommon,
+    kOutboxSchema14,            consumer_start, consumer_turn, consumer_reload,
+    consumer_stop,
 };
 
 }  // namespace

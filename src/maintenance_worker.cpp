@@ -104,9 +104,6 @@ void straggler_scan(OutboxWorker *w) {
 
 void maintenance_start(OutboxWorker *w) {
     w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(MaintenanceState));
-    // Old rows are found in index order (see the relay for why).
-    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_SESSION);
-    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_SESSION);
     // A lost delete is redone by the next pass.
     SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION);
 }
@@ -129,8 +126,9 @@ long maintenance_turn(OutboxWorker *w) {
 void maintenance_reload(OutboxWorker *w) { state(w)->next_pass_at = 0; }
 
 const OutboxWorkerKind kMaintenance = {
-    OUTBOX_ROLE_MAINTENANCE, false,   false, kOutboxSchema10, maintenance_start,
-    maintenance_turn,        maintenance_reload, nullptr,
+    // Old rows are found in index order, as the relay claims.
+    OUTBOX_ROLE_MAINTENANCE, false,           false,   OutboxPlanner::kIndexOrder, kOutboxSchema10,
+    maintenance_start,       maintenance_turn, maintenance_reload, nullptr,
 };
 
 }  // namespace

@@ -509,11 +509,6 @@ void relay_start(OutboxWorker *w) {
     RelayState *r = outbox_worker_new_state<RelayState>(w);
     r->built_brokers = outbox_keep_string(nullptr, "");
     r->built_config = outbox_keep_string(nullptr, "");
-    // A queue is read in index order, whatever the statistics say: a
-    // backlog that arrived before autovacuum analysed the table must not
-    // turn each claim into a sequential scan and a full sort.
-    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_SESSION);
-    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_SESSION);
     relay_reload(w);
     before_shmem_exit(relay_on_exit, PointerGetDatum(r));
 }
@@ -606,8 +601,8 @@ void relay_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kRelay = {
-    OUTBOX_ROLE_RELAY, false,      true,         kOutboxSchema10, relay_start,
-    relay_turn,        relay_reload, relay_stop,
+    OUTBOX_ROLE_RELAY, false,      true,       OutboxPlanner::kIndexOrder, kOutboxSchema10,
+    relay_start,       relay_turn, relay_reload, relay_stop,
 };
 
 }  // namespace

@@ -92,7 +92,12 @@ const struct {
     {"role", "none"},
 };
 
-void pin_session_settings() {
+const char *const kIndexOrderOff[] = {"enable_seqscan", "enable_bitmapscan", nullptr};
+const char *const kIndexOrderNoSortOff[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort",
+                                            "enable_incremental_sort", nullptr};
+const char *const kNothingOff[] = {nullptr};
+
+void pin_session_settings(OutboxPlanner planner) {
     // session_authorization names a role, so it needs a catalog lookup and
     // with it a transaction; the database's value was applied the same way.
     StartTransactionCommand();
@@ -103,6 +108,9 @@ void pin_session_settings() {
         SetConfigOption(p.name, p.value, PGC_SUSET, PGC_S_SESSION);
     for (const auto &p : outbox::pg::kVersionPinned)
         if (p[0]) SetConfigOption(p[0], p[1], PGC_SUSET, PGC_S_SESSION);
+    // After kPinned: a kind's planner pins may turn off what kPinned turns on.
+    for (const char *const *name = outbox_planner_off(planner); *name; name++)
+        SetConfigOption(*name, "off", PGC_SUSET, PGC_S_SESSION);
 }
 
 // outbox.wal_compression, for this worker's own session only; at start
@@ -190,6 +198,15 @@ void read_extension(int *version, Oid *owner, Oid *schema = nullptr) {
 }
 
 }  // namespace
+
+const char *const *outbox_planner_off(OutboxPlanner planner) {
+    switch (planner) {
+        case OutboxPlanner::kCommon: return kNothingOff;
+        case OutboxPlanner::kIndexOrder: return kIndexOrderOff;
+        case OutboxPlanner::kIndexOrderNoSort: return kIndexOrderNoSortOff;
+    }
+    return kNothingOff;
+}
 
 int outbox_schema_version(void) {
     int version;
@@ -374,7 +391,7 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     // What user code gets: the path a session of this database starts with.
     user_search_path = MemoryContextStrdup(
         TopMemoryContext, GetConfigOption("search_path", false, false));
-    pin_session_settings();
+    pin_session_settings(kind->planner);
     apply_wal_compression();
     char appname[64];
     snprintf(appname, sizeof appname, "pg outbox %s", outbox_role_name(kind->role));

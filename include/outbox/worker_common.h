@@ -4,7 +4,8 @@
 //
 //   start    signals, the database of its slot, the session settings its own
 //            statements need (search_path = pg_catalog, pg_temp and the rest,
-//            whatever a database or role setting says), its label and
+//            and the kind's planner pins, whatever a database or role setting
+//            says), its label and
 //            application name, its shared memory slot, a wake-up pipe for
 //            librdkafka when it talks to Kafka;
 //   loop     a reload point (SIGHUP), then one turn in a memory context reset
@@ -46,10 +47,32 @@ inline constexpr int kOutboxSchema14 = 140;
 
 struct OutboxWorker;
 
+// How a kind's own statements are planned, on top of the settings every
+// worker pins (worker_common.cpp): the skeleton turns these planner methods
+// off at start, as a session's SET would, whatever a database or role
+// setting says.
+enum class OutboxPlanner {
+    kCommon,      // the common pins only
+    // A queue is read in index order, whatever the statistics say: a
+    // backlog that arrived before autovacuum analysed the table must not
+    // turn each claim into a sequential scan and a full sort.  No
+    // sequential or bitmap scan.
+    kIndexOrder,
+    // A topic is read through its index, in order: with no sequential or
+    // bitmap scan and no sort, the one plan left is that walk
+    // (sql/plans.sql).
+    kIndexOrderNoSort,
+};
+
+// The planner methods `planner` turns off, nullptr-terminated: a worker
+// that runs user code gives it the database's values back.
+const char *const *outbox_planner_off(OutboxPlanner planner);
+
 struct OutboxWorkerKind {
     OutboxWorkerRole role;  // its name is outbox_role_name(role) (workers.h)
     bool stops_at_once; // runs user code: SIGTERM cancels the turn
     bool kafka_pipe;    // talks to Kafka: a pipe librdkafka writes to
+    OutboxPlanner planner;  // how its own statements are planned
     int needs_schema;   // the oldest schema version its statements work with
     void (*start)(OutboxWorker *w);   // once connected; may be nullptr
     // One turn; returns how long to sleep after it, in ms: 0 goes again at
