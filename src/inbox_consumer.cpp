@@ -516,8 +516,14 @@ void consumer_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kConsumer = {
-    OUTBOX_ROLE_INBOX_CONSUMER, false,          true,           OutboxPlanner::kCommon,
-    kOutboxSchema14,            consumer_start, consumer_turn, consumer_reload,
+    OUTBOX_ROLE_INBOX_CONSUMER,
+    OutboxOnSigterm::kFinishTurn,
+    OutboxKafka::kPipe,
+    OutboxPlanner::kCommon,
+    kOutboxSchema14,
+    consumer_start,
+    consumer_turn,
+    consumer_reload,
     consumer_stop,
 };
 

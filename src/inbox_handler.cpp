@@ -333,7 +333,7 @@ int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
     int nblocked = 0;
     char **blocked = outbox_inbox_retrying_keys(sub.topic, &nblocked);
     OutboxInboxClaim *rows;
-    int claimed = outbox_inbox_claim(sub.topic, limit, w->shares, w->share, blocked, nblocked,
+    int claimed = outbox_inbox_claim(sub.topic, limit, w->share, blocked, nblocked,
                                      kHandlerBatchBytes, &rows);
     TopicCounts counts;
     if (claimed > 0 && sub.batch) {
@@ -458,8 +458,15 @@ long handler_turn(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kHandler = {
-    OUTBOX_ROLE_INBOX_HANDLER, true,          false,        kHandlerPlanner, kOutboxSchema14,
-    handler_start,             handler_turn, nullptr, nullptr,
+    OUTBOX_ROLE_INBOX_HANDLER,
+    OutboxOnSigterm::kCancelTurn,
+    OutboxKafka::kNone,
+    kHandlerPlanner,
+    kOutboxSchema14,
+    handler_start,
+    handler_turn,
+    nullptr,
+    nullptr,
 };
 
 }  // namespace

@@ -126,9 +126,15 @@ long maintenance_turn(OutboxWorker *w) {
 void maintenance_reload(OutboxWorker *w) { state(w)->next_pass_at = 0; }
 
 const OutboxWorkerKind kMaintenance = {
-    // Old rows are found in index order, as the relay claims.
-    OUTBOX_ROLE_MAINTENANCE, false,           false,   OutboxPlanner::kIndexOrder, kOutboxSchema10,
-    maintenance_start,       maintenance_turn, maintenance_reload, nullptr,
+    OUTBOX_ROLE_MAINTENANCE,
+    OutboxOnSigterm::kFinishTurn,
+    OutboxKafka::kNone,
+    OutboxPlanner::kIndexOrder,  // old rows are found in index order, as the relay claims
+    kOutboxSchema10,
+    maintenance_start,
+    maintenance_turn,
+    maintenance_reload,
+    nullptr,
 };
 
 }  // namespace

@@ -369,7 +369,7 @@ int run_batch(OutboxWorker *w) {
     // otherwise look pending to the claim and go out twice.
     std::size_t acked = record_outcomes(w, nullptr);
     OutboxClaim claim;
-    outbox_relay_claim(w->schema, outbox_batch_size, r->mark.value(), w->shares, w->share,
+    outbox_relay_claim(w->schema, outbox_batch_size, r->mark.value(), w->share,
                        in_flight_keys(p), r->waiting, outbox::policy::kBatchByteBudget, &claim);
     bool held = claim.n > 0 && !await_standbys(w);
     if (claim.n > 0 && !held) {
@@ -468,7 +468,7 @@ bool ensure_producer(OutboxWorker *w) {
     }
 
     char client_id[NAMEDATALEN + 32];
-    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", w->dbname, w->share + 1);
+    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", w->dbname, w->share.index + 1);
     char err[512];
     if (!kafka_connect(r, w->wake_pipe[1], brokers, config, client_id, outbox_batch_size, err,
                        sizeof err)) {
@@ -601,8 +601,15 @@ void relay_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kRelay = {
-    OUTBOX_ROLE_RELAY, false,      true,       OutboxPlanner::kIndexOrder, kOutboxSchema10,
-    relay_start,       relay_turn, relay_reload, relay_stop,
+    OUTBOX_ROLE_RELAY,
+    OutboxOnSigterm::kFinishTurn,
+    OutboxKafka::kPipe,
+    OutboxPlanner::kIndexOrder,
+    kOutboxSchema10,
+    relay_start,
+    relay_turn,
+    relay_reload,
+    relay_stop,
 };
 
 }  // namespace

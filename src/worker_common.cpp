@@ -365,7 +365,8 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
 
 void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
-    pqsignal(SIGTERM, kind->stops_at_once ? die : SignalHandlerForShutdownRequest);
+    pqsignal(SIGTERM, kind->on_sigterm == OutboxOnSigterm::kCancelTurn ? die
+                                                                     : SignalHandlerForShutdownRequest);
     BackgroundWorkerUnblockSignals();
 
     auto *w = static_cast<OutboxWorker *>(MemoryContextAllocZero(TopMemoryContext,
@@ -373,16 +374,16 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     w->kind = kind;
     w->slot = DatumGetInt32(main_arg);
     OutboxWorkerRole role;
-    outbox_slot_identity(w->slot, &role, &w->database_index, &w->share);
-    w->shares = outbox_shares(role);
+    outbox_slot_identity(w->slot, &role, &w->database_index, &w->share.index);
+    w->share.count = outbox_shares(role);
     w->dbname = outbox_database_name(w->database_index);
     w->wake_pipe[0] = w->wake_pipe[1] = -1;
     w->said_schema = -1;
     // Relays are numbered even alone ("pg outbox relay 1 [app]"), as
     // outbox.worker_stats numbers them.
-    if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
+    if (w->share.count > 1 || role == OUTBOX_ROLE_RELAY)
         snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", outbox_role_name(kind->role),
-                 w->share + 1, w->dbname);
+                 w->share.index + 1, w->dbname);
     else
         snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", outbox_role_name(kind->role),
                  w->dbname);
@@ -396,12 +397,12 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     char appname[64];
     snprintf(appname, sizeof appname, "pg outbox %s", outbox_role_name(kind->role));
     pgstat_report_appname(appname);
-    outbox_slot_attach(w->slot, role, w->share, MyDatabaseId);
+    outbox_slot_attach(w->slot, role, w->share.index, MyDatabaseId);
 
     w->wait_set = outbox::pg::create_process_wait_set(3);
     AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
     AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
-    if (kind->kafka_pipe) {
+    if (kind->kafka == OutboxKafka::kPipe) {
         if (pipe2(w->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
             ereport(FATAL, (errmsg("%s: could not create a pipe: %m", w->label)));
         AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr, nullptr);
@@ -414,8 +415,9 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     w->turn_context = AllocSetContextCreate(TopMemoryContext, "pg outbox worker turn",
                                             ALLOCSET_DEFAULT_SIZES);
 
-    if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
-        ereport(LOG, (errmsg("%s started (share %d of %d)", w->label, w->share + 1, w->shares)));
+    if (w->share.count > 1 || role == OUTBOX_ROLE_RELAY)
+        ereport(LOG, (errmsg("%s started (share %d of %d)", w->label, w->share.index + 1,
+                             w->share.count)));
     else
         ereport(LOG, (errmsg("%s started", w->label)));
     if (kind->start) kind->start(w);

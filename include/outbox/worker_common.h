@@ -31,6 +31,7 @@
 #include "outbox/kafka/client.h"
 
 #include "outbox/pg.h"
+#include "outbox/share.h"
 #include "outbox/shmem.h"
 
 extern "C" {
@@ -68,10 +69,22 @@ enum class OutboxPlanner {
 // that runs user code gives it the database's values back.
 const char *const *outbox_planner_off(OutboxPlanner planner);
 
+// What SIGTERM does to a worker of the kind.
+enum class OutboxOnSigterm {
+    kFinishTurn,  // the turn ends first, so that a clean stop sends nothing twice
+    kCancelTurn,  // it runs user code: SIGTERM cancels the turn like a backend's statement
+};
+
+// Whether the kind talks to Kafka.
+enum class OutboxKafka {
+    kNone,
+    kPipe,  // a pipe librdkafka writes to when it has something
+};
+
 struct OutboxWorkerKind {
     OutboxWorkerRole role;  // its name is outbox_role_name(role) (workers.h)
-    bool stops_at_once; // runs user code: SIGTERM cancels the turn
-    bool kafka_pipe;    // talks to Kafka: a pipe librdkafka writes to
+    OutboxOnSigterm on_sigterm;
+    OutboxKafka kafka;
     OutboxPlanner planner;  // how its own statements are planned
     int needs_schema;   // the oldest schema version its statements work with
     void (*start)(OutboxWorker *w);   // once connected; may be nullptr
@@ -86,8 +99,7 @@ struct OutboxWorker {
     const OutboxWorkerKind *kind;
     int slot;
     int database_index;
-    int share;   // this worker's share of the keys (relay, inbox handler), else 0
-    int shares;  // workers of this kind in the database
+    OutboxShare share;  // its share of the keys (relay, inbox handler)
     const char *dbname;
     char label[NAMEDATALEN + 48];  // "pg outbox relay 2 [app]", for log lines
     MemoryContext turn_context;    // reset before every turn
