@@ -363,6 +363,24 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
     return ok;
 }
 
+namespace {
+
+// The worker's label for log lines, "pg outbox relay 2 [app]"; true when it
+// carries the share's number.  Relays are numbered even alone, as
+// outbox.worker_stats numbers them.
+bool set_label(OutboxWorker *w, OutboxWorkerRole role) {
+    const char *name = outbox_role_name(w->kind->role);
+    bool numbered = w->share.count > 1 || role == OUTBOX_ROLE_RELAY;
+    if (numbered)
+        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", name, w->share.index + 1,
+                 w->dbname);
+    else
+        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", name, w->dbname);
+    return numbered;
+}
+
+}  // namespace
+
 void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, kind->on_sigterm == OutboxOnSigterm::kCancelTurn ? die
@@ -379,14 +397,7 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     w->dbname = outbox_database_name(w->database_index);
     w->wake_pipe[0] = w->wake_pipe[1] = -1;
     w->said_schema = -1;
-    // Relays are numbered even alone ("pg outbox relay 1 [app]"), as
-    // outbox.worker_stats numbers them.
-    if (w->share.count > 1 || role == OUTBOX_ROLE_RELAY)
-        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", outbox_role_name(kind->role),
-                 w->share.index + 1, w->dbname);
-    else
-        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", outbox_role_name(kind->role),
-                 w->dbname);
+    bool numbered = set_label(w, role);
 
     BackgroundWorkerInitializeConnection(w->dbname, nullptr, 0);
     // What user code gets: the path a session of this database starts with.
@@ -415,7 +426,7 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     w->turn_context = AllocSetContextCreate(TopMemoryContext, "pg outbox worker turn",
                                             ALLOCSET_DEFAULT_SIZES);
 
-    if (w->share.count > 1 || role == OUTBOX_ROLE_RELAY)
+    if (numbered)
         ereport(LOG, (errmsg("%s started (share %d of %d)", w->label, w->share.index + 1,
                              w->share.count)));
     else
