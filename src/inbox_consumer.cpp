@@ -427,8 +427,15 @@ void consumer_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kConsumer = {
-    OUTBOX_ROLE_INBOX_CONSUMER, "inbox consumer", false, true, kOutboxSchema14,
-    consumer_start,             consumer_turn,    consumer_reload, consumer_stop,
+    OUTBOX_ROLE_INBOX_CONSUMER,
+    OutboxOnSigterm::kFinishTurn,
+    OutboxKafka::kPipe,
+    OutboxPlanner::kCommon,
+    kOutboxSchema14,
+    consumer_start,
+    consumer_turn,
+    consumer_reload,
+    consumer_stop,
 };
 
 }  // namespace

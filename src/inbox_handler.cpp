@@ -82,11 +82,8 @@ using outbox::policy::kTopicSliceMs;
 constexpr int kMaxTopics = 256;  // topics whose pace is remembered
 
 // The worker's own statements (claims, marks) read a topic through its
-// index, in order, whatever the statistics say: with these off, the one
-// plan left is that walk (sql/plans.sql).  Each handler call gets its
-// database's values back.
-const char *const kOwnPlanSettings[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort",
-                                        "enable_incremental_sort"};
+// index, in order; each handler call gets its database's planner values back.
+constexpr OutboxPlanner kHandlerPlanner = OutboxPlanner::kIndexOrderNoSort;
 
 struct TopicPace {
     Oid handler;
@@ -209,9 +206,9 @@ void call_handler(void *arg) {
     (void) set_config_option("search_path", outbox_worker_user_search_path(), PGC_USERSET,
                              PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
     // The handler plans with what a session of its database gets, not with
-    // the worker's own planner settings.
-    for (const char *name : kOwnPlanSettings)
-        (void) set_config_option(name, GetConfigOptionResetString(name), PGC_USERSET,
+    // the worker's own planner pins (the kind's, outbox_planner_off).
+    for (const char *const *name = outbox_planner_off(kHandlerPlanner); *name; name++)
+        (void) set_config_option(*name, GetConfigOptionResetString(*name), PGC_USERSET,
                                  PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
     SetUserIdAndSecContext(c->sub->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
                                               SECURITY_RESTRICTED_OPERATION);
@@ -336,7 +333,7 @@ int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
     int nblocked = 0;
     char **blocked = outbox_inbox_retrying_keys(sub.topic, &nblocked);
     OutboxInboxClaim *rows;
-    int claimed = outbox_inbox_claim(sub.topic, limit, w->shares, w->share, blocked, nblocked,
+    int claimed = outbox_inbox_claim(sub.topic, limit, w->share, blocked, nblocked,
                                      kHandlerBatchBytes, &rows);
     TopicCounts counts;
     if (claimed > 0 && sub.batch) {
@@ -420,8 +417,6 @@ void charge_unfinished_call(OutboxWorker *w) {
 
 void handler_start(OutboxWorker *w) {
     w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(HandlerState));
-    for (const char *name : kOwnPlanSettings)
-        SetConfigOption(name, "off", PGC_SUSET, PGC_S_SESSION);
     end_call_timeout = RegisterTimeout(USER_TIMEOUT, end_ignored_call);
     prev_emit_log_hook = emit_log_hook;
     emit_log_hook = note_fatal;
@@ -463,8 +458,15 @@ long handler_turn(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kHandler = {
-    OUTBOX_ROLE_INBOX_HANDLER, "inbox handler", true, false, kOutboxSchema14,
-    handler_start,             handler_turn,    nullptr, nullptr,
+    OUTBOX_ROLE_INBOX_HANDLER,
+    OutboxOnSigterm::kCancelTurn,
+    OutboxKafka::kNone,
+    kHandlerPlanner,
+    kOutboxSchema14,
+    handler_start,
+    handler_turn,
+    nullptr,
+    nullptr,
 };
 
 }  // namespace

@@ -13,18 +13,15 @@
 // A pass stops after kPassBudgetMs and resumes at once, so a long backlog of
 // old rows is worked off without ever holding long locks.
 //
-// The straggler scan: rows the relays' mark passed without seeing them
-// (COPY, a direct INSERT, COMMIT PREPARED) are looked for below the mark;
-// when one is there, the relays go back to it.  The scan walks the index
-// entries below the mark, which a long snapshot keeps (that is what the mark
-// spares the relays), so it runs at most every outbox.poll_interval and
-// takes at most a fiftieth of the time.
+// The straggler scan (outbox_straggler_scan, outbox/low_water.h) looks for
+// rows the relays' low-water mark passed without seeing them; the design is
+// docs/architecture.md, "The low-water mark".
 //
 // Postgres-side code only; an ERROR ends the process and the postmaster
 // starts it again (worker_common.h).
 
 #include "outbox/guc.h"
-#include "outbox/queries/relay.h"
+#include "outbox/low_water.h"
 #include "outbox/queries/retention.h"
 #include "outbox/policy.h"
 #include "outbox/shmem.h"
@@ -42,7 +39,6 @@ namespace {
 
 using outbox::policy::kPassBudgetMs;
 using outbox::policy::kRetentionBatch;
-using outbox::policy::kStragglerCostShare;
 
 struct MaintenanceState {
     TimestampTz next_pass_at;
@@ -100,30 +96,14 @@ bool retention_pass(OutboxWorker *w) {
 }
 
 void straggler_scan(OutboxWorker *w) {
-    int64 mark = outbox_relays_lowest_low_water(MyDatabaseId);
-    if (mark <= 0 || mark == PG_INT64_MAX) return;  // no relay, or it scans from the start
-    TimestampTz start = GetCurrentTimestamp();
-    if (!outbox_worker_begin(w, "pg outbox: looking for stragglers")) return;
-    bool waiting = w->schema >= kOutboxSchema13 && outbox_relay_next_retry() != 0;
-    int64 straggler = outbox_straggler_below(w->schema, mark, waiting);
-    outbox_worker_commit(w);
-    if (straggler >= 0) {
-        ereport(DEBUG1, (errmsg("%s: message %lld is pending below the relays' mark %lld",
-                                w->label, static_cast<long long>(straggler),
-                                static_cast<long long>(mark))));
-        outbox_relay_rescan_from(MyDatabaseId, straggler);
-    }
-    long took = TimestampDifferenceMilliseconds(start, GetCurrentTimestamp());
-    state(w)->next_straggler_scan_at = TimestampTzPlusMilliseconds(
-        GetCurrentTimestamp(), Max(static_cast<long>(outbox_poll_interval_ms),
-                                   took * kStragglerCostShare));
+    long next_in_ms = outbox_straggler_scan(w);
+    if (next_in_ms >= 0)
+        state(w)->next_straggler_scan_at =
+            TimestampTzPlusMilliseconds(GetCurrentTimestamp(), next_in_ms);
 }
 
 void maintenance_start(OutboxWorker *w) {
     w->state = MemoryContextAllocZero(TopMemoryContext, sizeof(MaintenanceState));
-    // Old rows are found in index order (see the relay for why).
-    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_SESSION);
-    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_SESSION);
     // A lost delete is redone by the next pass.
     SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION);
 }
@@ -146,8 +126,15 @@ long maintenance_turn(OutboxWorker *w) {
 void maintenance_reload(OutboxWorker *w) { state(w)->next_pass_at = 0; }
 
 const OutboxWorkerKind kMaintenance = {
-    OUTBOX_ROLE_MAINTENANCE, "maintenance",    false,  false, kOutboxSchema10, maintenance_start,
-    maintenance_turn,        maintenance_reload, nullptr,
+    OUTBOX_ROLE_MAINTENANCE,
+    OutboxOnSigterm::kFinishTurn,
+    OutboxKafka::kNone,
+    OutboxPlanner::kIndexOrder,  // old rows are found in index order, as the relay claims
+    kOutboxSchema10,
+    maintenance_start,
+    maintenance_turn,
+    maintenance_reload,
+    nullptr,
 };
 
 }  // namespace

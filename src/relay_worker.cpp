@@ -23,14 +23,10 @@
 // horizon) open for longer than batch_timeout.  When too much is in flight
 // (an outage), the worker stops claiming and only records late reports.
 //
-// The low-water mark: the claim starts at it, so the index entries of rows
-// published long ago (which vacuum cannot remove while an old snapshot
-// lives) are never walked again.  It never passes a row a claim may take;
-// it passes rows that wait for a retry (and the later rows of their keys),
-// and ids of writers that have not committed yet.  It is lowered again by
-// such a writer's commit (shmem.h), by a retry falling due, by a row parked
-// (its key's later rows may go), by outbox.retry(), outbox.replay() and the
-// maintenance worker's straggler scan.
+// The low-water mark: the claim starts at it, so that it never walks the
+// index entries of rows published long ago.  The mark is one unit
+// (outbox/low_water.h); why no committed row is left below it:
+// docs/architecture.md, "The low-water mark".
 //
 // Boundary: the Postgres-side functions below keep no C++ object with a
 // destructor on the stack; everything C++ lives in the process-wide
@@ -49,6 +45,7 @@
 
 #include "outbox/guc.h"
 #include "outbox/kafka_link.h"
+#include "outbox/low_water.h"
 #include "outbox/policy.h"
 #include "outbox/queries/relay.h"
 #include "outbox/queries/spi.h"
@@ -78,7 +75,7 @@ struct RelayState {
     TimestampTz reconfigure_deadline = 0;  // settings changed while records were in flight
     TimestampTz next_claim_at = 0;         // backoff after failures
     int backoff_ms = 0;
-    int64 low_water = 0;  // every row below it is published, parked or waiting
+    outbox::low_water::Mark mark;  // every row below it is published, parked or waiting
     // Messages Kafka refused for good wait for their next attempt (schema
     // 1.3): whether any may wait, and when the next is due.
     bool waiting_known = false;
@@ -204,28 +201,12 @@ std::size_t record_outcomes(OutboxWorker *w, const OutboxClaim *claim) {
             r->waiting = true;
             r->next_due = due;
         }
-        r->low_water = Min(r->low_water, first_parked);
+        r->mark.lower_to(first_parked);
     }
     r->turn_acked += acked;
     r->turn_failed += failed;
     p->clear_resolved();
     return acked;
-}
-
-// Moves the low-water mark up to the first row a claim may take.  In the
-// turn's transaction, after its marks.  It may pass the id of a writer
-// that has not committed yet: that writer's commit lowers the mark again
-// (shmem.h), so a transaction left open never makes every claim walk what
-// was published since it wrote.  The sequence is read before the statement
-// that finds the first pending row takes its snapshot.
-void advance_low_water(OutboxWorker *w) {
-    RelayState *r = state(w);
-    int64 next_id = outbox_relay_last_id() + 1;
-    int64 first = outbox_relay_first_pending(w->schema, r->low_water, r->waiting);
-    int64 mark = first >= 0 ? first : next_id;
-    mark = Min(mark, next_id);
-    r->low_water = Max(mark, 0);
-    outbox_relay_set_low_water(r->low_water);
 }
 
 // Messages that wait for a retry (schema 1.3): learns whether any does,
@@ -246,7 +227,7 @@ void refresh_waiting(OutboxWorker *w) {
     r->waiting_known = true;
     if (r->waiting && r->next_due <= now) {
         int64 due = outbox_relay_first_due();
-        if (due >= 0) r->low_water = Min(r->low_water, due);
+        if (due >= 0) r->mark.lower_to(due);
     }
 }
 
@@ -366,14 +347,13 @@ int run_batch(OutboxWorker *w) {
         p->clear_resolved();
         return -1;
     }
-    int64 rescan = outbox_relay_take_rescan();
-    if (rescan < r->low_water) r->low_water = rescan;
+    outbox_low_water_start_turn(&r->mark);
     refresh_waiting(w);
     // Late reports first: a row acknowledged but not yet marked would
     // otherwise look pending to the claim and go out twice.
     std::size_t acked = record_outcomes(w, nullptr);
     OutboxClaim claim;
-    outbox_relay_claim(w->schema, outbox_batch_size, r->low_water, w->shares, w->share,
+    outbox_relay_claim(w->schema, outbox_batch_size, r->mark.value(), w->share,
                        in_flight_keys(p), r->waiting, outbox::policy::kBatchByteBudget, &claim);
     bool held = claim.n > 0 && !await_standbys(w);
     if (claim.n > 0 && !held) {
@@ -382,7 +362,7 @@ int run_batch(OutboxWorker *w) {
             w, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms), &claim);
     }
     acked += record_outcomes(w, &claim);
-    advance_low_water(w);
+    outbox_low_water_end_turn(&r->mark, w->schema, r->waiting);
     // Back off when a batch got nothing through because Kafka is down: no
     // acknowledgement, and a failure that is not a refusal (or no report at
     // all).  The next acknowledgement ends the backoff.  A batch Kafka only
@@ -472,7 +452,7 @@ bool ensure_producer(OutboxWorker *w) {
     }
 
     char client_id[NAMEDATALEN + 32];
-    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", w->dbname, w->share + 1);
+    snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", w->dbname, w->share.index + 1);
     char err[512];
     if (!kafka_connect(r, w->wake_pipe[1], brokers, config, client_id, outbox_batch_size, err,
                        sizeof err)) {
@@ -505,11 +485,6 @@ void relay_on_exit(int, Datum arg) {
 
 void relay_start(OutboxWorker *w) {
     RelayState *r = outbox_worker_new_state<RelayState>(w);
-    // A queue is read in index order, whatever the statistics say: a
-    // backlog that arrived before autovacuum analysed the table must not
-    // turn each claim into a sequential scan and a full sort.
-    SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_SESSION);
-    SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_SESSION);
     relay_reload(w);
     before_shmem_exit(relay_on_exit, PointerGetDatum(r));
 }
@@ -602,8 +577,15 @@ void relay_stop(OutboxWorker *w) {
 }
 
 const OutboxWorkerKind kRelay = {
-    OUTBOX_ROLE_RELAY, "relay", false, true, kOutboxSchema10, relay_start, relay_turn,
-    relay_reload,      relay_stop,
+    OUTBOX_ROLE_RELAY,
+    OutboxOnSigterm::kFinishTurn,
+    OutboxKafka::kPipe,
+    OutboxPlanner::kIndexOrder,
+    kOutboxSchema10,
+    relay_start,
+    relay_turn,
+    relay_reload,
+    relay_stop,
 };
 
 }  // namespace

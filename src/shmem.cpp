@@ -1,5 +1,7 @@
 #include "outbox/shmem.h"
 
+#include "outbox/low_water.h"
+
 #include "outbox/guc.h"
 #include "outbox/policy.h"
 
@@ -43,7 +45,8 @@ struct WorkerSlot {
     // processed per second over the last minute: second stamp and count
     int64 bucket_second[kMinuteBuckets];
     uint64 bucket_count[kMinuteBuckets];
-    // Relays: the mark, and the lowest rescan point asked of it.
+    // Relays: the low-water mark, and the lowest rescan point asked of it
+    // (outbox/low_water.h).
     pg_atomic_uint64 low_water;
     pg_atomic_uint64 rescan_from;
     // Inbox handlers: the records of the handler call in progress.  Written
@@ -70,26 +73,6 @@ shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
 Size shared_size() {
     return add_size(offsetof(OutboxShared, slots),
                     mul_size(sizeof(WorkerSlot), outbox_slot_count()));
-}
-
-// The lowest id this backend's transaction inserted through outbox.write*()
-// (-1: none yet).
-int64 lowest_write = -1;
-
-// Lowers the rescan point of every relay of `database` to `id`; wakes them
-// when asked.
-void lower_rescan(Oid database, int64 id, bool wake) {
-    if (!shared) return;
-    for (int i = 0; i < shared->nslots; i++) {
-        WorkerSlot &s = shared->slots[i];
-        if (s.pid == 0 || s.role != OUTBOX_ROLE_RELAY || s.database != database) continue;
-        uint64 want = static_cast<uint64>(Max(id, 0));
-        uint64 old = pg_atomic_read_u64(&s.rescan_from);
-        while (want < old && !pg_atomic_compare_exchange_u64(&s.rescan_from, &old, want)) {
-        }
-        if (!wake) continue;
-        if (Latch *latch = s.latch) SetLatch(latch);
-    }
 }
 
 void request_shmem() {
@@ -254,20 +237,19 @@ bool outbox_slot_stats(int index, OutboxSlotStats *out) {
     return true;
 }
 
-void outbox_writer_wrote(int64 id) {
-    if (lowest_write < 0 || id < lowest_write) lowest_write = id;
+void outbox_relays_lower_rescan(Oid database, int64 id, bool wake) {
+    if (!shared) return;
+    for (int i = 0; i < shared->nslots; i++) {
+        WorkerSlot &s = shared->slots[i];
+        if (s.pid == 0 || s.role != OUTBOX_ROLE_RELAY || s.database != database) continue;
+        uint64 want = static_cast<uint64>(Max(id, 0));
+        uint64 old = pg_atomic_read_u64(&s.rescan_from);
+        while (want < old && !pg_atomic_compare_exchange_u64(&s.rescan_from, &old, want)) {
+        }
+        if (!wake) continue;
+        if (Latch *latch = s.latch) SetLatch(latch);
+    }
 }
-
-void outbox_writer_done(bool committed) {
-    if (lowest_write < 0) return;
-    int64 id = lowest_write;
-    lowest_write = -1;
-    // Visible now: a relay whose mark passed the id while it was not takes
-    // it at its next claim.  The commit's own wake-up follows.
-    if (committed) lower_rescan(MyDatabaseId, id, false);
-}
-
-void outbox_relay_rescan_from(Oid database, int64 id) { lower_rescan(database, id, true); }
 
 int64 outbox_relay_take_rescan(void) {
     if (!my_slot) return PG_INT64_MAX;

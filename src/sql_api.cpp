@@ -8,6 +8,7 @@
 #include "outbox/sql_args.h"
 #include "outbox/encoding.h"
 #include "outbox/guc.h"
+#include "outbox/low_water.h"
 #include "outbox/policy.h"
 #include "outbox/queries/write.h"
 #include "outbox/shmem.h"
@@ -202,7 +203,7 @@ void new_message_id(pg_uuid_t *u) {
 }
 
 // Inserts the message in the caller's transaction and has the commit wake
-// the relay, and bring its low-water mark back to the id if it passed it.
+// the relay, and announce the id to its low-water mark (outbox/low_water.h).
 pg_uuid_t *insert(OutboxNewMessage *m) {
     // The insert runs as the extension's owner (SECURITY DEFINER) and names
     // outbox.outbox_message: never into a schema that a role other than a

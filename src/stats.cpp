@@ -4,6 +4,7 @@
 #include "outbox/pg.h"
 
 #include "outbox/shmem.h"
+#include "outbox/workers.h"
 
 extern "C" {
 #include "funcapi.h"
@@ -14,16 +15,6 @@ extern "C" {
 }
 
 namespace {
-
-const char *role_name(int role) {
-    switch (role) {
-        case OUTBOX_ROLE_RELAY: return "relay";
-        case OUTBOX_ROLE_MAINTENANCE: return "maintenance";
-        case OUTBOX_ROLE_INBOX_CONSUMER: return "inbox consumer";
-        case OUTBOX_ROLE_INBOX_HANDLER: return "inbox handler";
-        default: return "unknown";
-    }
-}
 
 const char *broker_state_name(int state) {
     switch (state) {
@@ -56,7 +47,7 @@ Datum outbox_worker_stats(PG_FUNCTION_ARGS) {
         if (!outbox_slot_stats(i, &st)) continue;
         Datum values[kColumns];
         bool nulls[kColumns] = {};
-        values[0] = CStringGetTextDatum(role_name(st.role));
+        values[0] = CStringGetTextDatum(outbox_role_name(st.role));
         values[1] = Int32GetDatum(st.share + 1);
         char *dbname = get_database_name(st.database);
         nulls[2] = dbname == nullptr;

@@ -1,5 +1,6 @@
 #include "outbox/wakeup.h"
 
+#include "outbox/low_water.h"
 #include "outbox/shmem.h"
 
 extern "C" {
@@ -21,8 +22,8 @@ void on_xact_event(XactEvent event, void *) {
     switch (event) {
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
-            // The rows are visible now: a relay whose mark passed them while
-            // they were not goes back for them.
+            // The rows are visible now: the low-water mark's announcement
+            // (outbox/low_water.h).
             outbox_writer_done(true);
             if (rescan_in_this_transaction) {
                 rescan_in_this_transaction = false;
@@ -39,7 +40,7 @@ void on_xact_event(XactEvent event, void *) {
             break;
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
-        case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere: the straggler scan finds it
+        case XACT_EVENT_PREPARE:  // COMMIT PREPARED runs elsewhere (outbox/low_water.h)
             outbox_writer_done(false);
             wrote_in_this_transaction = false;
             rescan_in_this_transaction = false;

@@ -92,7 +92,12 @@ const struct {
     {"role", "none"},
 };
 
-void pin_session_settings() {
+const char *const kIndexOrderOff[] = {"enable_seqscan", "enable_bitmapscan", nullptr};
+const char *const kIndexOrderNoSortOff[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort",
+                                            "enable_incremental_sort", nullptr};
+const char *const kNothingOff[] = {nullptr};
+
+void pin_session_settings(OutboxPlanner planner) {
     // session_authorization names a role, so it needs a catalog lookup and
     // with it a transaction; the database's value was applied the same way.
     StartTransactionCommand();
@@ -103,6 +108,9 @@ void pin_session_settings() {
         SetConfigOption(p.name, p.value, PGC_SUSET, PGC_S_SESSION);
     for (const auto &p : outbox::pg::kVersionPinned)
         if (p[0]) SetConfigOption(p[0], p[1], PGC_SUSET, PGC_S_SESSION);
+    // After kPinned: a kind's planner pins may turn off what kPinned turns on.
+    for (const char *const *name = outbox_planner_off(planner); *name; name++)
+        SetConfigOption(*name, "off", PGC_SUSET, PGC_S_SESSION);
 }
 
 // outbox.wal_compression, for this worker's own session only; at start
@@ -190,6 +198,15 @@ void read_extension(int *version, Oid *owner, Oid *schema = nullptr) {
 }
 
 }  // namespace
+
+const char *const *outbox_planner_off(OutboxPlanner planner) {
+    switch (planner) {
+        case OutboxPlanner::kCommon: return kNothingOff;
+        case OutboxPlanner::kIndexOrder: return kIndexOrderOff;
+        case OutboxPlanner::kIndexOrderNoSort: return kIndexOrderNoSortOff;
+    }
+    return kNothingOff;
+}
 
 int outbox_schema_version(void) {
     int version;
@@ -346,9 +363,28 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
     return ok;
 }
 
+namespace {
+
+// The worker's label for log lines, "pg outbox relay 2 [app]"; true when it
+// carries the share's number.  Relays are numbered even alone, as
+// outbox.worker_stats numbers them.
+bool set_label(OutboxWorker *w, OutboxWorkerRole role) {
+    const char *name = outbox_role_name(w->kind->role);
+    bool numbered = w->share.count > 1 || role == OUTBOX_ROLE_RELAY;
+    if (numbered)
+        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", name, w->share.index + 1,
+                 w->dbname);
+    else
+        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", name, w->dbname);
+    return numbered;
+}
+
+}  // namespace
+
 void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
-    pqsignal(SIGTERM, kind->stops_at_once ? die : SignalHandlerForShutdownRequest);
+    pqsignal(SIGTERM, kind->on_sigterm == OutboxOnSigterm::kCancelTurn ? die
+                                                                     : SignalHandlerForShutdownRequest);
     BackgroundWorkerUnblockSignals();
 
     auto *w = static_cast<OutboxWorker *>(MemoryContextAllocZero(TopMemoryContext,
@@ -356,34 +392,28 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     w->kind = kind;
     w->slot = DatumGetInt32(main_arg);
     OutboxWorkerRole role;
-    outbox_slot_identity(w->slot, &role, &w->database_index, &w->share);
-    w->shares = outbox_shares(role);
+    outbox_slot_identity(w->slot, &role, &w->database_index, &w->share.index);
+    w->share.count = outbox_shares(role);
     w->dbname = outbox_database_name(w->database_index);
     w->wake_pipe[0] = w->wake_pipe[1] = -1;
     w->said_schema = -1;
-    // Relays are numbered even alone ("pg outbox relay 1 [app]"), as
-    // outbox.worker_stats numbers them.
-    if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
-        snprintf(w->label, sizeof w->label, "pg outbox %s %d [%s]", kind->name, w->share + 1,
-                 w->dbname);
-    else
-        snprintf(w->label, sizeof w->label, "pg outbox %s [%s]", kind->name, w->dbname);
+    bool numbered = set_label(w, role);
 
     BackgroundWorkerInitializeConnection(w->dbname, nullptr, 0);
     // What user code gets: the path a session of this database starts with.
     user_search_path = MemoryContextStrdup(
         TopMemoryContext, GetConfigOption("search_path", false, false));
-    pin_session_settings();
+    pin_session_settings(kind->planner);
     apply_wal_compression();
     char appname[64];
-    snprintf(appname, sizeof appname, "pg outbox %s", kind->name);
+    snprintf(appname, sizeof appname, "pg outbox %s", outbox_role_name(kind->role));
     pgstat_report_appname(appname);
-    outbox_slot_attach(w->slot, role, w->share, MyDatabaseId);
+    outbox_slot_attach(w->slot, role, w->share.index, MyDatabaseId);
 
     w->wait_set = outbox::pg::create_process_wait_set(3);
     AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
     AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
-    if (kind->kafka_pipe) {
+    if (kind->kafka == OutboxKafka::kPipe) {
         if (pipe2(w->wake_pipe, O_NONBLOCK | O_CLOEXEC) != 0)
             ereport(FATAL, (errmsg("%s: could not create a pipe: %m", w->label)));
         AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->wake_pipe[0], nullptr, nullptr);
@@ -396,8 +426,9 @@ void outbox_worker_main(const OutboxWorkerKind *kind, Datum main_arg) {
     w->turn_context = AllocSetContextCreate(TopMemoryContext, "pg outbox worker turn",
                                             ALLOCSET_DEFAULT_SIZES);
 
-    if (w->shares > 1 || role == OUTBOX_ROLE_RELAY)
-        ereport(LOG, (errmsg("%s started (share %d of %d)", w->label, w->share + 1, w->shares)));
+    if (numbered)
+        ereport(LOG, (errmsg("%s started (share %d of %d)", w->label, w->share.index + 1,
+                             w->share.count)));
     else
         ereport(LOG, (errmsg("%s started", w->label)));
     if (kind->start) kind->start(w);

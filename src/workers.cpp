@@ -53,23 +53,21 @@ int role_offset(OutboxWorkerRole role) {
     return 0;
 }
 
-const char *role_type(OutboxWorkerRole role) {
-    switch (role) {
-        case OUTBOX_ROLE_RELAY: return "pg outbox relay";
-        case OUTBOX_ROLE_MAINTENANCE: return "pg outbox maintenance";
-        case OUTBOX_ROLE_INBOX_CONSUMER: return "pg outbox inbox consumer";
-        case OUTBOX_ROLE_INBOX_HANDLER: return "pg outbox inbox handler";
-    }
-    return "pg outbox";
-}
+// The one table of worker roles: what each is called and where it starts.
+const struct {
+    OutboxWorkerRole role;
+    const char *name;           // outbox.worker_stats.role; the process is "pg outbox <name>"
+    const char *main_function;  // bgw_function_name
+} kRoles[] = {
+    {OUTBOX_ROLE_RELAY, "relay", "outbox_relay_main"},
+    {OUTBOX_ROLE_MAINTENANCE, "maintenance", "outbox_maintenance_main"},
+    {OUTBOX_ROLE_INBOX_CONSUMER, "inbox consumer", "outbox_inbox_consumer_main"},
+    {OUTBOX_ROLE_INBOX_HANDLER, "inbox handler", "outbox_inbox_handler_main"},
+};
 
 const char *role_function(OutboxWorkerRole role) {
-    switch (role) {
-        case OUTBOX_ROLE_RELAY: return "outbox_relay_main";
-        case OUTBOX_ROLE_MAINTENANCE: return "outbox_maintenance_main";
-        case OUTBOX_ROLE_INBOX_CONSUMER: return "outbox_inbox_consumer_main";
-        case OUTBOX_ROLE_INBOX_HANDLER: return "outbox_inbox_handler_main";
-    }
+    for (const auto &r : kRoles)
+        if (r.role == role) return r.main_function;
     return "";
 }
 
@@ -77,12 +75,12 @@ void register_one(OutboxWorkerRole role, int d, int share) {
     BackgroundWorker worker;
     memset(&worker, 0, sizeof worker);
     if (outbox_shares(role) > 1)
-        snprintf(worker.bgw_name, BGW_MAXLEN, "%s %d for database %s", role_type(role), share + 1,
-                 outbox_database_name(d));
+        snprintf(worker.bgw_name, BGW_MAXLEN, "pg outbox %s %d for database %s",
+                 outbox_role_name(role), share + 1, outbox_database_name(d));
     else
-        snprintf(worker.bgw_name, BGW_MAXLEN, "%s for database %s", role_type(role),
-                 outbox_database_name(d));
-    snprintf(worker.bgw_type, BGW_MAXLEN, "%s", role_type(role));
+        snprintf(worker.bgw_name, BGW_MAXLEN, "pg outbox %s for database %s",
+                 outbox_role_name(role), outbox_database_name(d));
+    snprintf(worker.bgw_type, BGW_MAXLEN, "pg outbox %s", outbox_role_name(role));
     worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
     // Only on a primary: on a standby the workers start after promotion.
     worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
@@ -96,6 +94,12 @@ void register_one(OutboxWorkerRole role, int d, int share) {
 }
 
 }  // namespace
+
+const char *outbox_role_name(int role) {
+    for (const auto &r : kRoles)
+        if (r.role == role) return r.name;
+    return "unknown";
+}
 
 int outbox_database_count(void) {
     load_databases();

@@ -49,37 +49,8 @@ void outbox_stats_error(const char *text);
 // a relay holding batches until a standby has their WAL.
 void outbox_stats_waiting(const char *text);
 
-// ---- the relay's low-water mark ----
-//
-// A relay claims from a low-water mark: every row below it is published,
-// parked or waiting for a retry, so the claim never walks the dead index
-// entries that a long snapshot (pg_dump, a report) keeps there.  What may
-// still appear below the mark: rows of transactions that had not committed
-// when the mark passed their ids.  Every backend that writes through
-// outbox.write*() notes the lowest id its transaction inserted
-// (outbox_writer_wrote); its commit, once the rows are visible, lowers the
-// mark of every relay of the database to that id again (outbox_writer_done),
-// so the next claim takes them.  A transaction left open therefore holds
-// nothing back: the mark goes on past it.  Rows inserted any other way
-// (COPY, a direct INSERT, COMMIT PREPARED) are found by the maintenance
-// worker's straggler scan, which lowers the mark again
-// (outbox_relay_rescan_from), as outbox.retry() and outbox.replay() do.
-
-// After each insert: `id` is the row's id.
-void outbox_writer_wrote(int64 id);
-// At the end of the transaction: `committed` (rows visible now), or not
-// (abort, prepare: COMMIT PREPARED runs elsewhere).
-void outbox_writer_done(bool committed);
-
-// Lowers the low-water mark of every relay of `database` to `id` (0: back
-// to the start); the relays apply it at their next claim.
-void outbox_relay_rescan_from(Oid database, int64 id);
-// For a relay: the lowest rescan point asked since the last call, or
-// PG_INT64_MAX.
-int64 outbox_relay_take_rescan(void);
-// A relay publishes its mark; the straggler scan looks below the lowest.
-void outbox_relay_set_low_water(int64 low_water);
-int64 outbox_relays_lowest_low_water(Oid database);
+// The relays' low-water mark and rescan point live in their slots too:
+// their functions are declared in outbox/low_water.h.
 
 // ---- an inbox handler's call in progress ----
 //

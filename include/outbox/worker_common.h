@@ -4,7 +4,8 @@
 //
 //   start    signals, the database of its slot, the session settings its own
 //            statements need (search_path = pg_catalog, pg_temp and the rest,
-//            whatever a database or role setting says), its label and
+//            and the kind's planner pins, whatever a database or role setting
+//            says), its label and
 //            application name, its shared memory slot, a wake-up pipe for
 //            librdkafka when it talks to Kafka;
 //   loop     a reload point (SIGHUP), then one turn in a memory context reset
@@ -30,6 +31,7 @@
 #include "outbox/kafka/client.h"
 
 #include "outbox/pg.h"
+#include "outbox/share.h"
 #include "outbox/shmem.h"
 
 extern "C" {
@@ -46,11 +48,44 @@ inline constexpr int kOutboxSchema14 = 140;
 
 struct OutboxWorker;
 
+// How a kind's own statements are planned, on top of the settings every
+// worker pins (worker_common.cpp): the skeleton turns these planner methods
+// off at start, as a session's SET would, whatever a database or role
+// setting says.
+enum class OutboxPlanner {
+    kCommon,      // the common pins only
+    // A queue is read in index order, whatever the statistics say: a
+    // backlog that arrived before autovacuum analysed the table must not
+    // turn each claim into a sequential scan and a full sort.  No
+    // sequential or bitmap scan.
+    kIndexOrder,
+    // A topic is read through its index, in order: with no sequential or
+    // bitmap scan and no sort, the one plan left is that walk
+    // (sql/plans.sql).
+    kIndexOrderNoSort,
+};
+
+// The planner methods `planner` turns off, nullptr-terminated: a worker
+// that runs user code gives it the database's values back.
+const char *const *outbox_planner_off(OutboxPlanner planner);
+
+// What SIGTERM does to a worker of the kind.
+enum class OutboxOnSigterm {
+    kFinishTurn,  // the turn ends first, so that a clean stop sends nothing twice
+    kCancelTurn,  // it runs user code: SIGTERM cancels the turn like a backend's statement
+};
+
+// Whether the kind talks to Kafka.
+enum class OutboxKafka {
+    kNone,
+    kPipe,  // a pipe librdkafka writes to when it has something
+};
+
 struct OutboxWorkerKind {
-    OutboxWorkerRole role;
-    const char *name;   // "relay": the process is "pg outbox relay" in pg_stat_activity
-    bool stops_at_once; // runs user code: SIGTERM cancels the turn
-    bool kafka_pipe;    // talks to Kafka: a pipe librdkafka writes to
+    OutboxWorkerRole role;  // its name is outbox_role_name(role) (workers.h)
+    OutboxOnSigterm on_sigterm;
+    OutboxKafka kafka;
+    OutboxPlanner planner;  // how its own statements are planned
     int needs_schema;   // the oldest schema version its statements work with
     void (*start)(OutboxWorker *w);   // once connected; may be nullptr
     // One turn; returns how long to sleep after it, in ms: 0 goes again at
@@ -64,8 +99,7 @@ struct OutboxWorker {
     const OutboxWorkerKind *kind;
     int slot;
     int database_index;
-    int share;   // this worker's share of the keys (relay, inbox handler), else 0
-    int shares;  // workers of this kind in the database
+    OutboxShare share;  // its share of the keys (relay, inbox handler)
     const char *dbname;
     char label[NAMEDATALEN + 48];  // "pg outbox relay 2 [app]", for log lines
     MemoryContext turn_context;    // reset before every turn

@@ -13,6 +13,11 @@
 
 inline constexpr int kOutboxMaxDatabases = 16;
 
+// What a worker of `role` is called: "relay", "maintenance", "inbox
+// consumer", "inbox handler" (outbox.worker_stats.role; the process is
+// "pg outbox <name>"); "unknown" for a value that is no role.
+const char *outbox_role_name(int role);
+
 // The databases of outbox.database.
 int outbox_database_count(void);
 const char *outbox_database_name(int index);

@@ -139,12 +139,13 @@ char **outbox_inbox_retrying_keys(const char *topic, int *n) {
     return keys;
 }
 
-int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
+int outbox_inbox_claim(const char *topic, int limit, OutboxShare share, char **blocked,
                        int nblocked, int64 byte_budget, OutboxInboxClaim **rows) {
     std::size_t *blen = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (nblocked + 1)));
     for (int i = 0; i < nblocked; i++) blen[i] = strlen(blocked[i]);
-    Datum values[5] = {Int32GetDatum(limit), CStringGetTextDatum(topic), Int32GetDatum(shares),
-                       Int32GetDatum(share), outbox_text_array(blocked, blen, nblocked)};
+    Datum values[5] = {Int32GetDatum(limit), CStringGetTextDatum(topic),
+                       Int32GetDatum(share.count), Int32GetDatum(share.index),
+                       outbox_text_array(blocked, blen, nblocked)};
     // Read a few rows at a time (one first, then as many as the budget left
     // holds at the size seen so far, a few dozen at most), so that the
     // records held at once stay near `byte_budget` (the first always

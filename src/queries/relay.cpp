@@ -130,10 +130,11 @@ void format_uuid(const pg_uuid_t *u, char *out) {
 
 }  // namespace
 
-void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int share,
+void outbox_relay_claim(int schema, int limit, int64 low_water, OutboxShare share,
                         Datum skip_keys, bool waiting, int64 byte_budget, OutboxClaim *out) {
-    Datum values[6] = {Int32GetDatum(limit), skip_keys, Int32GetDatum(shares),
-                       Int32GetDatum(share), Int64GetDatum(low_water), BoolGetDatum(!waiting)};
+    Datum values[6] = {Int32GetDatum(limit),       skip_keys,
+                       Int32GetDatum(share.count), Int32GetDatum(share.index),
+                       Int64GetDatum(low_water),   BoolGetDatum(!waiting)};
     OutboxQuery *q = schema >= kOutboxSchema13   ? &claim_query
                      : schema >= kOutboxSchema12 ? &claim_query_before_13
                                                  : &claim_query_before_12;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "outbox/pg.h"
+#include "outbox/share.h"
 
 extern "C" {
 #include "utils/timestamp.h"
@@ -55,11 +56,11 @@ struct OutboxInboxClaim {
     char *key;       // nullptr: no key
 };
 
-// Claims up to `limit` unprocessed records of `topic` of share `share` of
-// `shares`, skipping `blocked` keys, in arrival order, and no more than
+// Claims up to `limit` unprocessed records of `topic` of key share
+// `share`, skipping `blocked` keys, in arrival order, and no more than
 // `byte_budget` bytes of them (the first always comes).  SPI memory, valid
 // until SPI_finish.
-int outbox_inbox_claim(const char *topic, int limit, int shares, int share, char **blocked,
+int outbox_inbox_claim(const char *topic, int limit, OutboxShare share, char **blocked,
                        int nblocked, int64 byte_budget, OutboxInboxClaim **rows);
 
 // Marks records of `topic` processed.

@@ -5,6 +5,7 @@
 #include "outbox/kafka/producer.h"
 
 #include "outbox/pg.h"
+#include "outbox/share.h"
 
 extern "C" {
 #include "storage/itemptr.h"
@@ -23,14 +24,14 @@ struct OutboxClaim {
 };
 
 // Claims up to `limit` pending rows at or above `low_water` of key share
-// `share` of `shares`, skipping the keys of `skip_keys` (a text[]), and
+// `share`, skipping the keys of `skip_keys` (a text[]), and
 // prepares them for Kafka: each payload rendered as JSON text, text in
 // UTF-8 whatever the server's encoding, no more than `byte_budget` bytes of
 // values in all (the first row always goes).  A row whose payload cannot be
 // rendered gets Record::error instead.  `schema`: outbox_schema_version().
 // `waiting`: some message may wait for a retry (schema 1.3): the claim then
 // skips the rows that wait and the later rows of their keys.
-void outbox_relay_claim(int schema, int limit, int64 low_water, int shares, int share,
+void outbox_relay_claim(int schema, int limit, int64 low_water, OutboxShare share,
                         Datum skip_keys, bool waiting, int64 byte_budget, OutboxClaim *out);
 
 // The first pending (unparked) row at or above `from` that a claim may take

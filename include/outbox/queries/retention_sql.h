@@ -41,8 +41,8 @@ inline constexpr const char kFirstIdSince[] =
     "SELECT id, message_id FROM outbox.outbox_message WHERE message_id >= $1"
     " ORDER BY message_id LIMIT 1";
 
-// The relays' low-water mark passed rows it never saw if one of these
-// exists: pending, not parked, below the lowest mark ($1), and unless
+// The straggler scan (outbox/low_water.h): the relays' low-water mark
+// passed rows it never saw if one of these exists: pending, not parked, below the lowest mark ($1), and unless
 // nothing waits for a retry ($2), neither waiting nor behind a message of
 // its key that waits (the mark passes those on purpose).
 inline constexpr const char kStraggler[] =
