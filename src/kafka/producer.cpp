@@ -176,6 +176,32 @@ std::size_t Producer::snapshot_in_flight_keys() noexcept {
     }
 }
 
+// The record's headers: the row's object, plus event_id = message_id unless
+// set; nullptr with the reason when the row's headers cannot be read.
+namespace {
+rd_kafka_headers_t *kafka_headers(const Record &r, std::string &error) {
+    std::string_view hjson(r.headers, r.headers_len);
+    std::vector<json::Header> decoded;
+    if (hjson != "{}" && !json::decode_headers(hjson, decoded, error)) return nullptr;
+    rd_kafka_headers_t *hdrs = rd_kafka_headers_new(decoded.size() + 1);
+    for (const json::Header &h : decoded)
+        rd_kafka_header_add(hdrs, h.name.data(), static_cast<ssize_t>(h.name.size()),
+                            h.value.data(), static_cast<ssize_t>(h.value.size()));
+    if (!json::has_header(decoded, "event_id"))
+        rd_kafka_header_add(hdrs, "event_id", 8, r.event_id, -1);
+    return hdrs;
+}
+
+// librdkafka's reason for refusing a record at once, with its sizes (never
+// its bytes).
+std::string refusal_text(rd_kafka_resp_err_t err, const Record &r) {
+    std::string text = std::string(rd_kafka_err2str(err)) + " (" +
+                       std::to_string(r.value ? r.value_len : 0) + " byte value";
+    if (r.headers_len > 2) text += ", " + std::to_string(r.headers_len) + " bytes of headers";
+    return text + ")";
+}
+}  // namespace
+
 void Producer::produce_one(const Record &r) {
     std::string_view order_key(r.order_key ? r.order_key : "", r.order_key ? r.order_key_len : 0);
     auto hold = [&] {
@@ -186,30 +212,27 @@ void Producer::produce_one(const Record &r) {
         ++held_;
         return;
     }
+    if (r.order_key) {
+        auto [at, first] = key_partitions_.emplace(order_key, r.partition);
+        if (!first && at->second != r.partition) {
+            ++held_;
+            hold();
+            return;
+        }
+    }
     if (r.error) {
         fail(r.id, r.error, true, true);
         hold();
         return;
     }
 
-    // Headers: the row's object, plus event_id = message_id unless set.
-    rd_kafka_headers_t *hdrs = nullptr;
-    std::string_view hjson(r.headers, r.headers_len);
-    std::vector<json::Header> decoded;
-    if (hjson != "{}") {
-        std::string error;
-        if (!json::decode_headers(hjson, decoded, error)) {
-            fail(r.id, error, true);
-            hold();
-            return;
-        }
+    std::string error;
+    rd_kafka_headers_t *hdrs = kafka_headers(r, error);
+    if (!hdrs) {
+        fail(r.id, error, true);
+        hold();
+        return;
     }
-    hdrs = rd_kafka_headers_new(decoded.size() + 1);
-    for (const json::Header &h : decoded)
-        rd_kafka_header_add(hdrs, h.name.data(), static_cast<ssize_t>(h.name.size()),
-                            h.value.data(), static_cast<ssize_t>(h.value.size()));
-    if (!json::has_header(decoded, "event_id"))
-        rd_kafka_header_add(hdrs, "event_id", 8, r.event_id, -1);
 
     rd_kafka_topic_t *rkt = topic_handle(std::string_view(r.topic, r.topic_len));
     if (!rkt) {
@@ -250,11 +273,7 @@ void Producer::produce_one(const Record &r) {
             ++held_;
             return;
         }
-        std::string text = std::string(rd_kafka_err2str(err)) + " (" +
-                           std::to_string(r.value ? r.value_len : 0) + " byte value";
-        if (r.headers_len > 2) text += ", " + std::to_string(r.headers_len) + " bytes of headers";
-        text += ")";
-        fail(r.id, std::move(text), is_permanent_error(err));
+        fail(r.id, refusal_text(err, r), is_permanent_error(err));
         hold();
         return;
     }
@@ -270,6 +289,7 @@ void Producer::produce(const Record *records, std::size_t n) noexcept {
         batches_.back().generation = ++generation_;
         batches_.back().slots.reserve(n);
         held_keys_.clear();
+        key_partitions_.clear();
         queue_full_ = false;
         for (std::size_t i = 0; i < n; ++i) produce_one(records[i]);
     } catch (const std::exception &e) {

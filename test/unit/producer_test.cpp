@@ -365,6 +365,27 @@ TEST(Producer, KeylessTombstonesAndExplicitPartitions) {
     ASSERT_EQ(acked(*p), (std::set<int64_t>{1, 2, 3}));
 }
 
+// A partition the topic lacks is refused only once librdkafka knows the
+// topic's partitions, after the batch is produced: a later record of the key
+// on another partition would be acknowledged first.  It waits instead.
+TEST(Producer, AKeysRecordBoundForAnotherPartitionWaitsForTheNextBatch) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {row(1, "k"), row(2, "k"), row(3, "other"), row(4, "k"),
+                             row(5, "same"), row(6, "same")};
+    auto recs = records_of(rows);
+    recs[0].partition = 99;  // the mock's topics have 4
+    recs[4].partition = 1;
+    recs[5].partition = 1;
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{3, 5, 6}));
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_EQ(p->failed_ids()[0], 1);
+    EXPECT_EQ(p->held_count(), 2u);  // 2 and 4: key "k" after a record on another partition
+}
+
 TEST(Producer, BatchesOverlapAndInFlightKeysAreListed) {
     MockCluster cluster;
     Pipe pipe;

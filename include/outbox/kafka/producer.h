@@ -169,6 +169,12 @@ private:
     std::vector<std::string_view> key_snapshot_;
     Slot *find_slot(void *opaque, Batch **batch);
     std::unordered_set<std::string> held_keys_;  // this batch's keys behind a failure
+    // The partition each key of this batch went to (-1: the partitioner's).
+    // Kafka orders a key's records only within one partition: a later
+    // record bound elsewhere waits for the next batch, so that a refusal
+    // that comes back late (a partition the topic lacks) cannot be
+    // overtaken.
+    std::unordered_map<std::string, int32_t> key_partitions_;
     bool queue_full_ = false;                    // librdkafka refused this batch's rest
 
     std::vector<int64_t> acked_;       // of the current batch
