@@ -97,9 +97,11 @@ bool retention_pass(OutboxWorker *w) {
 
 void straggler_scan(OutboxWorker *w) {
     long next_in_ms = outbox_straggler_scan(w);
-    if (next_in_ms >= 0)
-        state(w)->next_straggler_scan_at =
-            TimestampTzPlusMilliseconds(GetCurrentTimestamp(), next_in_ms);
+    // No mark to compare with yet (no relay, or one that has not claimed):
+    // look again within a second, not at once (that was a thousand wake-ups
+    // a second while outbox.brokers was empty).
+    if (next_in_ms < 0) next_in_ms = Min(outbox_poll_interval_ms, 1000);
+    state(w)->next_straggler_scan_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), next_in_ms);
 }
 
 void maintenance_start(OutboxWorker *w) {

@@ -64,5 +64,6 @@ void outbox_low_water_end_turn(outbox::low_water::Mark *mark, int schema, bool w
 // Looks for a pending row below the relays' lowest mark, in a transaction
 // of its own, and sends the relays back to it.  Returns how long to wait
 // before the next scan, in ms, or -1 when it did not scan (no relay's mark
-// to look below, or no extension here): the next turn tries again.
+// to look below, or no extension here): the caller looks again within a
+// second.
 long outbox_straggler_scan(OutboxWorker *w);

@@ -163,5 +163,36 @@ class WorkersDuringAnOutage(ClusterPerTest, unittest.TestCase):
                                        "WHERE published_at IS NULL") == 0, 90, what="all published after")
 
 
+class IdleWorkers(unittest.TestCase):
+    """A worker with nothing to do sleeps: an installed extension whose
+    outbox.brokers is not set yet costs the server nothing."""
+
+    def test_the_maintenance_worker_sleeps_while_the_relay_has_no_mark(self):
+        # With outbox.brokers empty the relay never claims, so it has no
+        # low-water mark; the straggler scan has nothing to compare and must
+        # wait for its next period, not come back a millisecond later.
+        pg = PgCluster({"outbox.brokers": "''"}, name="outbox-idle")
+        self.addCleanup(pg.destroy)
+        pg.start()
+        pg.sql("CREATE EXTENSION outbox")
+        pg.sql("SELECT outbox.write('order.events', 'k', '{}')")
+        pid = wait_until(lambda: pg.scalar("SELECT pid FROM pg_stat_activity "
+                                           "WHERE backend_type = 'pg outbox maintenance'"),
+                         30, what="the maintenance worker")
+        time.sleep(2)
+
+        def wakeups():
+            with open(f"/proc/{pid}/status") as f:
+                return int(next(line.split()[1] for line in f
+                                if line.startswith("voluntary_ctxt_switches")))
+
+        before = wakeups()
+        time.sleep(5)
+        woke = wakeups() - before
+        # Its periods are outbox.poll_interval (1 s) and the retention
+        # pass: a few wake-ups in 5 s, not thousands.
+        self.assertLess(woke, 100, f"the idle maintenance worker woke {woke} times in 5 s")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
