@@ -212,7 +212,7 @@ void Producer::produce_one(const Record &r) {
         ++held_;
         return;
     }
-    if (r.order_key) {
+    if (r.order_key && any_explicit_partition_) {
         auto [at, first] = key_partitions_.emplace(order_key, r.partition);
         if (!first && at->second != r.partition) {
             ++held_;
@@ -290,6 +290,11 @@ void Producer::produce(const Record *records, std::size_t n) noexcept {
         batches_.back().slots.reserve(n);
         held_keys_.clear();
         key_partitions_.clear();
+        // Without an explicit partition every key has one partition: no
+        // map to keep on the relay's hot path.
+        any_explicit_partition_ = false;
+        for (std::size_t i = 0; i < n && !any_explicit_partition_; ++i)
+            any_explicit_partition_ = records[i].partition >= 0;
         queue_full_ = false;
         for (std::size_t i = 0; i < n; ++i) produce_one(records[i]);
     } catch (const std::exception &e) {

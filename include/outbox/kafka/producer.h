@@ -175,6 +175,7 @@ private:
     // that comes back late (a partition the topic lacks) cannot be
     // overtaken.
     std::unordered_map<std::string, int32_t> key_partitions_;
+    bool any_explicit_partition_ = false;  // in this batch: else no key can differ
     bool queue_full_ = false;                    // librdkafka refused this batch's rest
 
     std::vector<int64_t> acked_;       // of the current batch
