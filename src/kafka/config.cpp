@@ -88,7 +88,7 @@ const char *forbidden(const Property &p) {
         return "acks must stay \"all\": a message is marked published only once every in-sync "
                "replica has it";
     if (n == "transactional.id")
-        return "transactional.id is not supported: the relay uses an idempotent producer";
+        return "transactional.id is set by the relay itself: set outbox.delivery = exactly_once";
     if (n == "log.queue") return "log.queue is set by the relay itself";
     return nullptr;
 }

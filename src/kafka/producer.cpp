@@ -15,6 +15,9 @@ namespace {
 
 static_assert(sizeof(void *) >= sizeof(uint64_t), "opaques carry (generation, slot)");
 
+// The progress record's opaque: generation 0, which no batch has.
+void *const kProgressOpaque = reinterpret_cast<void *>(uintptr_t{1});
+
 void *slot_opaque(uint32_t generation, std::size_t index) {
     return reinterpret_cast<void *>((static_cast<uintptr_t>(generation) << 32) | index);
 }
@@ -53,7 +56,7 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
         std::size_t queue_messages = std::max<std::size_t>(100000, 5 * settings.batch_size);
         // Defaults that carry the delivery guarantees; outbox.kafka_config
         // may tune the rest (and check_properties() refuses changing these).
-        const std::vector<Property> own = {
+        std::vector<Property> own = {
             {"enable.idempotence", "true"},
             {"acks", "all"},
             {"partitioner", "murmur2_random"},
@@ -67,6 +70,15 @@ std::unique_ptr<Producer> Producer::create(const Settings &settings, int wakeup_
             {"message.timeout.ms", "0"},
             {"queue.buffering.max.messages", std::to_string(queue_messages)},
         };
+        if (!settings.transactional_id.empty()) {
+            // A transaction ends within transaction.timeout.ms (librdkafka
+            // derives message.timeout.ms from it): no unbounded records.
+            own.erase(std::remove_if(own.begin(), own.end(),
+                                     [](const Property &q) { return q.name == "message.timeout.ms"; }),
+                      own.end());
+            own.push_back({"transactional.id", settings.transactional_id});
+            p->transactional_ = true;
+        }
         ConfPtr conf = new_client_conf(Role::Producer, settings.client, own,
                                        {p.get(), &Producer::on_error, &Producer::on_log}, error);
         if (!conf) return nullptr;
@@ -241,6 +253,12 @@ void Producer::produce_one(const Record &r) {
         hold();
         return;
     }
+    if (transactional_ && !topic_exists(std::string_view(r.topic, r.topic_len), rkt)) {
+        rd_kafka_headers_destroy(hdrs);
+        fail(r.id, refusal_text(RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, r), true);
+        hold();
+        return;
+    }
 
     // Register the slot first: the delivery report may be served by the
     // rd_kafka_poll() below, before producev's caller sees the result.
@@ -260,7 +278,10 @@ void Producer::produce_one(const Record &r) {
             RD_KAFKA_V_VALUE(const_cast<char *>(r.value), r.value ? r.value_len : 0),
             RD_KAFKA_V_KEY(r.key, r.key ? r.key_len : 0), RD_KAFKA_V_HEADERS(hdrs),
             RD_KAFKA_V_OPAQUE(slot_opaque(generation_, index)), RD_KAFKA_V_END);
-        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return;  // librdkafka owns hdrs now
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {  // librdkafka owns hdrs now
+            if (transactional_) txn_ids_.push_back(r.id);
+            return;
+        }
         rd_kafka_headers_destroy(hdrs);
         batches_.back().slots[index].pending = false;
         --batches_.back().pending;
@@ -279,8 +300,27 @@ void Producer::produce_one(const Record &r) {
     }
 }
 
+bool Producer::topic_exists(std::string_view name, rd_kafka_topic_s *rkt) {
+    std::string key(name);
+    if (topics_exist_.count(key)) return true;
+    if (topics_absent_.count(key)) return false;
+    const rd_kafka_metadata_t *md = nullptr;
+    // Bounded: the first batch for a topic only.  When the brokers cannot
+    // say (an outage), the record goes and the commit's timeout decides.
+    if (rd_kafka_metadata(rk_, 0, rkt, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR) return true;
+    bool absent = md->topic_cnt == 1 && (md->topics[0].err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+                                         md->topics[0].err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC);
+    bool exists = md->topic_cnt == 1 && md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR &&
+                  md->topics[0].partition_cnt > 0;
+    rd_kafka_metadata_destroy(md);
+    if (exists) topics_exist_.insert(key);
+    if (absent) topics_absent_.insert(key);
+    return !absent;
+}
+
 void Producer::produce(const Record *records, std::size_t n) noexcept {
     try {
+        topics_absent_.clear();  // asked again each batch: a topic may be made meanwhile
         // Acks not yet taken belong to the batch before: they are late now.
         acked_late_.insert(acked_late_.end(), acked_.begin(), acked_.end());
         acked_.clear();
@@ -347,6 +387,13 @@ void Producer::on_delivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *op
 }
 
 void Producer::delivered(const rd_kafka_message_t *msg) {
+    if (msg->_private == kProgressOpaque) {
+        if (msg->err != RD_KAFKA_RESP_ERR_NO_ERROR &&
+            msg->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE &&
+            msg->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
+            progress_error_ = std::string("the progress record: ") + rd_kafka_err2str(msg->err);
+        return;
+    }
     Batch *batch = nullptr;
     Slot *slot = find_slot(msg->_private, &batch);
     if (!slot) return;
@@ -400,8 +447,14 @@ void Producer::errored(rd_kafka_t *rk, int err, const char *reason) {
     last_error_ = text;
     if (code == RD_KAFKA_RESP_ERR__FATAL) {
         char fatal[512];
-        rd_kafka_fatal_error(rk, fatal, sizeof fatal);
+        rd_kafka_resp_err_t why = rd_kafka_fatal_error(rk, fatal, sizeof fatal);
         fatal_ = true;
+        if (why == RD_KAFKA_RESP_ERR__FENCED || why == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+            why == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH) {
+            fenced_ = true;
+            last_error_ = fatal;
+            return;  // the relay says it itself
+        }
         last_error_ = fatal;
         log_.add(LogLevel::Warning,
                       std::string("the Kafka producer hit a fatal error and is recreated: ") + fatal);
@@ -425,6 +478,154 @@ void Producer::on_log(const rd_kafka_t *rk, int level, const char *fac, const ch
 
 void Producer::logged(int level, const char *fac, const char *buf) {
     log_.add_librdkafka(level, fac, buf);
+}
+
+// ---- transactions ----
+
+namespace {
+
+// librdkafka's error as text, freed.
+std::string take_error(rd_kafka_error_t *e) {
+    std::string text = rd_kafka_error_string(e);
+    rd_kafka_error_destroy(e);
+    return text;
+}
+
+bool is_fenced(rd_kafka_error_t *e) {
+    rd_kafka_resp_err_t c = rd_kafka_error_code(e);
+    return c == RD_KAFKA_RESP_ERR__FENCED || c == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+           c == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH;
+}
+
+}  // namespace
+
+bool Producer::init_transactions(int timeout_ms, std::string &error, bool &fenced) noexcept {
+    try {
+        fenced = false;
+        rd_kafka_error_t *e = rd_kafka_init_transactions(rk_, timeout_ms);
+        rd_kafka_poll(rk_, 0);
+        if (!e) return true;
+        fenced = is_fenced(e) || fenced_;
+        if (rd_kafka_error_code(e) == RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT) {
+            error = "transaction.timeout.ms (outbox.kafka_config) is longer than the brokers' "
+                    "transaction.max.timeout.ms allows: " + take_error(e);
+            return false;
+        }
+        if (rd_kafka_error_is_fatal(e)) fatal_ = true;
+        error = take_error(e);
+        last_error_ = error;
+        return false;
+    } catch (...) {
+        error = "out of memory";
+        return false;
+    }
+}
+
+bool Producer::begin_transaction(std::string &error) noexcept {
+    try {
+        txn_ids_.clear();
+        progress_error_.clear();
+        rd_kafka_error_t *e = rd_kafka_begin_transaction(rk_);
+        if (!e) return true;
+        if (rd_kafka_error_is_fatal(e)) fatal_ = true;
+        if (is_fenced(e)) fenced_ = true;
+        error = take_error(e);
+        return false;
+    } catch (...) {
+        error = "out of memory";
+        return false;
+    }
+}
+
+bool Producer::produce_progress(const std::string &topic, const std::string &key,
+                                const std::string &value, std::string &error) noexcept {
+    try {
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+            rk_, RD_KAFKA_V_TOPIC(topic.c_str()), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_KEY(key.data(), key.size()),
+            RD_KAFKA_V_VALUE(const_cast<char *>(value.data()), value.size()),
+            RD_KAFKA_V_OPAQUE(kProgressOpaque), RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return true;
+        error = std::string("the progress record (outbox.progress_topic ") + topic +
+                "): " + rd_kafka_err2str(err);
+        return false;
+    } catch (...) {
+        error = "out of memory";
+        return false;
+    }
+}
+
+// A transaction leaves nothing in flight: what librdkafka still reports
+// for it (purged records) is ignored from here on.
+void Producer::end_transaction_bookkeeping() noexcept {
+    batches_.clear();
+    key_snapshot_.clear();
+    in_flight_ = 0;
+    acked_late_.clear();
+    txn_ids_.clear();
+}
+
+TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noexcept {
+    try {
+        rd_kafka_error_t *e = rd_kafka_commit_transaction(rk_, timeout_ms);
+        rd_kafka_poll(rk_, 0);
+        if (!e) {
+            // Every record of it is in Kafka, whatever reports are still
+            // queued: exactly these are acknowledged.
+            acked_ = txn_ids_;
+            end_transaction_bookkeeping();
+            set_state(BrokerState::Up, "a transaction was committed");
+            return TxnOutcome::Committed;
+        }
+        bool abortable = rd_kafka_error_txn_requires_abort(e);
+        bool fenced = is_fenced(e) || fenced_;
+        bool fatal = rd_kafka_error_is_fatal(e);
+        error = take_error(e);
+        if (!progress_error_.empty()) error = progress_error_ + "; " + error;
+        last_error_ = error;
+        acked_.clear();
+        if (fenced) {
+            fenced_ = fatal_ = true;
+            end_transaction_bookkeeping();
+            return TxnOutcome::Fenced;
+        }
+        if (fatal || !abortable) {
+            // A retriable error (timed out) leaves the outcome open: only a
+            // new producer's init_transactions() settles it.
+            if (fatal) fatal_ = true;
+            end_transaction_bookkeeping();
+            return TxnOutcome::Unknown;
+        }
+        std::string abort_error;
+        TxnOutcome o = abort_transaction(timeout_ms, abort_error);
+        if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
+        return o;
+    } catch (...) {
+        error = "out of memory";
+        end_transaction_bookkeeping();
+        return TxnOutcome::Unknown;
+    }
+}
+
+TxnOutcome Producer::abort_transaction(int timeout_ms, std::string &error) noexcept {
+    try {
+        rd_kafka_error_t *e = rd_kafka_abort_transaction(rk_, timeout_ms);
+        rd_kafka_poll(rk_, 0);
+        acked_.clear();
+        end_transaction_bookkeeping();
+        if (!e) return TxnOutcome::Aborted;
+        bool fenced = is_fenced(e) || fenced_;
+        if (rd_kafka_error_is_fatal(e)) fatal_ = true;
+        error = take_error(e);
+        if (fenced) {
+            fenced_ = fatal_ = true;
+            return TxnOutcome::Fenced;
+        }
+        return TxnOutcome::Unknown;
+    } catch (...) {
+        error = "out of memory";
+        return TxnOutcome::Unknown;
+    }
 }
 
 }  // namespace outbox::kafka

@@ -27,6 +27,17 @@ namespace outbox::kafka {
 struct Settings {
     ClientSettings client;
     std::size_t batch_size = 1000;
+    // Non-empty: a transactional producer (outbox.delivery = exactly_once)
+    // with this transactional.id; see the transaction calls below.
+    std::string transactional_id;
+};
+
+// How a transaction ended (Producer::commit_transaction).
+enum class TxnOutcome {
+    Committed,  // Kafka committed every record of it
+    Aborted,    // it was aborted: none of its records counts
+    Unknown,    // Kafka did not say in time; the producer must be replaced
+    Fenced,     // another producer took the transactional id
 };
 
 // One claimed outbox row, with pointers into the caller's memory.  Only
@@ -123,6 +134,30 @@ public:
     // pending and will be sent again).
     void shutdown(int timeout_ms) noexcept;
 
+    // ---- a transactional producer (Settings::transactional_id) ----
+    // Registers the transactional id with its coordinator, which fences
+    // every earlier producer of that id and ends its open transaction (a
+    // commit it had asked for completes first).  False with the reason;
+    // `fenced` when another producer took the id meanwhile.
+    bool init_transactions(int timeout_ms, std::string &error, bool &fenced) noexcept;
+    bool begin_transaction(std::string &error) noexcept;
+    // The ids of the records produce() handed to librdkafka in this
+    // transaction.
+    const std::vector<int64_t> &transaction_ids() const noexcept { return txn_ids_; }
+    // Adds the transaction's progress record (not a row of the outbox).
+    bool produce_progress(const std::string &topic, const std::string &key,
+                          const std::string &value, std::string &error) noexcept;
+    // Commits (flushing every record first).  Committed: the acknowledged
+    // list is exactly transaction_ids().  Aborted: nothing is acknowledged,
+    // records Kafka refused are in the failed list.  Unknown and Fenced:
+    // nothing is acknowledged; replace the producer.  `error` says why when
+    // not Committed.
+    TxnOutcome commit_transaction(int timeout_ms, std::string &error) noexcept;
+    // Aborts the open transaction (when the batch cannot be committed).
+    TxnOutcome abort_transaction(int timeout_ms, std::string &error) noexcept;
+    bool transactional() const noexcept { return transactional_; }
+    bool fenced() const noexcept { return fenced_; }
+
     // The secrets (outbox.kafka_config_file) this producer was built with.
     const std::vector<Property> &secrets() const noexcept { return secrets_; }
 
@@ -192,6 +227,18 @@ private:
     std::string last_error_;
     std::string last_logged_delivery_error_;
     bool fatal_ = false;
+    bool fenced_ = false;
+    bool transactional_ = false;
+    std::vector<int64_t> txn_ids_;      // produced in the open transaction
+    // Transactional mode: topics the brokers said exist, and those they
+    // said do not, in this batch.  A record for a topic that does not exist
+    // would wait in librdkafka past the commit's timeout (auto-create off):
+    // it is refused at once instead, as an idempotent producer's is.
+    std::unordered_set<std::string> topics_exist_;
+    std::unordered_set<std::string> topics_absent_;
+    bool topic_exists(std::string_view name, rd_kafka_topic_s *rkt);
+    std::string progress_error_;        // the progress record's delivery error
+    void end_transaction_bookkeeping() noexcept;
 };
 
 // Whether librdkafka error `err` means Kafka refuses the record for good
