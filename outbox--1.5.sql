@@ -1,9 +1,10 @@
--- pg outbox 1.4: the whole schema, as CREATE EXTENSION outbox installs it.
+-- pg outbox 1.5: the whole schema, as CREATE EXTENSION outbox installs it.
 -- The schema "outbox" is created by CREATE EXTENSION (outbox.control:
 -- schema = outbox); one that exists already is refused unless no role but
 -- a superuser controls it (below).  Databases on an earlier version move
 -- here with ALTER EXTENSION outbox UPDATE (outbox--1.0--1.1.sql,
--- outbox--1.1--1.2.sql, outbox--1.2--1.3.sql, outbox--1.3--1.4.sql); the
+-- outbox--1.1--1.2.sql, outbox--1.2--1.3.sql, outbox--1.3--1.4.sql,
+-- outbox--1.4--1.5.sql); the
 -- upgrade test checks that both ways give the same objects.
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
@@ -713,3 +714,21 @@ AS 'MODULE_PATHNAME', 'outbox_warn_unless_served'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION outbox._warn_unless_served() FROM PUBLIC;
 SELECT outbox._warn_unless_served();
+
+-- ==== exactly-once delivery (1.5) ================================================
+
+-- One row per Kafka transactional id a relay of this database has used with
+-- outbox.delivery = exactly_once (pg_outbox-<system id>-<database>-<share>of<shares>):
+-- seq is the last Kafka transaction whose messages this database marked
+-- published (in the same transaction as the marks); clean says the relay
+-- that used the id stopped cleanly (nothing of it open in Kafka).  Recovery
+-- compares seq with the progress topic (docs/exactly-once.md).  Not dumped:
+-- a restored database is another server, with other ids.
+CREATE TABLE outbox.relay_transaction (
+    transactional_id text        PRIMARY KEY,
+    seq              bigint      NOT NULL DEFAULT 0,
+    clean            boolean     NOT NULL DEFAULT true,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON outbox.relay_transaction FROM PUBLIC;
+GRANT SELECT ON outbox.relay_transaction TO pg_monitor;

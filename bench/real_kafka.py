@@ -11,6 +11,10 @@ outbox.brokers between the two in turns so that the machine's drift hits both:
 Prints the figures side by side and saves them in bench/results/.
 
     bench/run.sh --real-kafka [--quick] [--runs N]
+
+With --exactly-once, the two columns are the relay's two delivery modes on the
+same three-node cluster (outbox.delivery = at_least_once / exactly_once,
+switched by reload in turns); the latency consumer reads read_committed in both.
 """
 
 import argparse
@@ -29,9 +33,10 @@ from cluster import KafkaCluster  # noqa: E402
 from harness import PgCluster, TestBroker, wait_until  # noqa: E402
 
 
-def use(pg, broker):
-    """Points the relay at a broker (reload) and waits until it publishes there."""
-    pg.append_conf({"outbox.brokers": f"'{broker.bootstrap}'"})
+def use(pg, broker, delivery="at_least_once"):
+    """Points the relay at a broker in a delivery mode (reload) and waits until it publishes
+    there."""
+    pg.append_conf({"outbox.brokers": f"'{broker.bootstrap}'", "outbox.delivery": f"'{delivery}'"})
     pg.reload()
     time.sleep(1)
     pg.sql(f"SELECT 1 FROM outbox.write('{TOPIC}', 'warmup', '{{}}')")
@@ -43,6 +48,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer, shorter runs (smoke test)")
+    ap.add_argument("--exactly-once", action="store_true",
+                    help="compare the delivery modes on Apache Kafka instead of the brokers")
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     drain_n = 20000 if args.quick else 100000
@@ -54,7 +61,12 @@ def main():
     kafka.create_topic(TOPIC, partitions=PARTITIONS)
     print(f"Apache Kafka, 3 nodes, ready in {time.monotonic() - t0:.0f} s", flush=True)
     mock = TestBroker(topics=(f"{TOPIC}:{PARTITIONS}",))
-    targets = {"test broker (mock)": mock, "Apache Kafka 4.1.1, 3 nodes, RF 3": kafka}
+    targets = {"test broker (mock)": (mock, "at_least_once"),
+               "Apache Kafka 4.1.1, 3 nodes, RF 3": (kafka, "at_least_once")}
+    if args.exactly_once:
+        kafka.create_topic("pg_outbox_progress", partitions=1, cleanup_policy="compact")
+        targets = {"at_least_once, Apache Kafka 4.1.1, 3 nodes": (kafka, "at_least_once"),
+                   "exactly_once, same cluster": (kafka, "exactly_once")}
     pg = PgCluster({"outbox.brokers": f"'{mock.bootstrap}'", "fsync": "on",
                     "synchronous_commit": "on", "autovacuum_naptime": "'10s'",
                     "shared_buffers": "'512MB'", "max_wal_size": "'8GB'",
@@ -68,11 +80,11 @@ def main():
             order = list(targets.items())
             if r % 2:
                 order.reverse()
-            for name, broker in order:
+            for name, (broker, delivery) in order:
                 print(f"round {r + 1}/{runs}, {name}: drain of {drain_n:,}, latency "
                       f"{lat_seconds} s at 1,000 msg/s, writers 1 pair of {w_seconds} s ...",
                       flush=True)
-                use(pg, broker)
+                use(pg, broker, delivery)
                 res[name]["drain"].append(drain_once(pg, drain_n)[0])
                 res[name]["latency"].append(latency_once(pg, broker, 1000, lat_seconds))
                 idle, publishing = writers_run(pg, 4, w_seconds, 1)
@@ -104,9 +116,10 @@ def main():
         print(report)
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        with open(os.path.join(HERE, "results", f"{stamp}-real-kafka.md"), "w") as f:
+        kind = "exactly-once" if args.exactly_once else "real-kafka"
+        with open(os.path.join(HERE, "results", f"{stamp}-{kind}.md"), "w") as f:
             f.write(report + "\n")
-        with open(os.path.join(HERE, "results", f"{stamp}-real-kafka.json"), "w") as f:
+        with open(os.path.join(HERE, "results", f"{stamp}-{kind}.json"), "w") as f:
             json.dump(res, f, indent=1, default=str)
     finally:
         pg.destroy()

@@ -6,6 +6,7 @@
 #   bench/run.sh --quick    # smoke: 2 short runs
 #   bench/run.sh --real-kafka [--quick]   # drain, latency, writers: test broker beside a
 #                                         # 3-node Apache Kafka (bench/real_kafka.py)
+#   bench/run.sh --real-kafka --exactly-once   # the same, at_least_once beside exactly_once
 # The table is also saved in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

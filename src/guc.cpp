@@ -44,6 +44,9 @@ char *outbox_inbox_group = nullptr;
 int outbox_inbox_workers = 1;
 char *outbox_wait_for_standbys = nullptr;
 int outbox_standby_lsn = OUTBOX_STANDBY_LSN_FLUSH;
+int outbox_delivery = OUTBOX_DELIVERY_AT_LEAST_ONCE;
+char *outbox_progress_topic = nullptr;
+char *outbox_fault_point = nullptr;
 }
 
 bool outbox_preloaded = false;
@@ -69,6 +72,12 @@ const struct config_enum_entry kStandbyLsnOptions[] = {
     {"write", OUTBOX_STANDBY_LSN_WRITE, false},
     {"flush", OUTBOX_STANDBY_LSN_FLUSH, false},
     {"replay", OUTBOX_STANDBY_LSN_REPLAY, false},
+    {nullptr, 0, false},
+};
+
+const struct config_enum_entry kDeliveryOptions[] = {
+    {"at_least_once", OUTBOX_DELIVERY_AT_LEAST_ONCE, false},
+    {"exactly_once", OUTBOX_DELIVERY_EXACTLY_ONCE, false},
     {nullptr, 0, false},
 };
 
@@ -124,6 +133,15 @@ bool check_wait_for_standbys(char **newval, void **, GucSource) {
 bool check_database(char **newval, void **, GucSource) {
     if (list_ok(*newval ? *newval : "", false)) return true;
     GUC_check_errdetail("outbox.database: %s.", why);
+    return false;
+}
+
+bool check_progress_topic(char **newval, void **, GucSource) {
+    why[0] = '\0';
+    if (list_ok(*newval ? *newval : "", true) && (*newval)[0] != '\0' && !strchr(*newval, ','))
+        return true;
+    GUC_check_errdetail("outbox.progress_topic must name one Kafka topic%s%s.",
+                        why[0] ? ": " : "", why);
     return false;
 }
 
@@ -322,6 +340,28 @@ void outbox_define_gucs(void) {
         "also visible to queries there.",
         &outbox_standby_lsn, OUTBOX_STANDBY_LSN_FLUSH, kStandbyLsnOptions, PGC_SIGHUP, 0, nullptr,
         nullptr, nullptr);
+
+    DefineCustomEnumVariable(
+        "outbox.delivery", "How the relay delivers: at_least_once or exactly_once.",
+        "exactly_once: one Kafka transaction per batch, with the batch's progress in "
+        "outbox.progress_topic in the same transaction; consumers reading read_committed see "
+        "each message once, and a relay with this database's identity elsewhere is fenced. "
+        "Applied between batches.",
+        &outbox_delivery, OUTBOX_DELIVERY_AT_LEAST_ONCE, kDeliveryOptions, PGC_SIGHUP, 0,
+        nullptr, nullptr, nullptr);
+
+    DefineCustomStringVariable(
+        "outbox.progress_topic",
+        "The compacted Kafka topic where exactly-once relays record each transaction's rows.",
+        "Create it before setting outbox.delivery = exactly_once (cleanup.policy=compact).",
+        &outbox_progress_topic, "pg_outbox_progress", PGC_SIGHUP, 0, check_progress_topic,
+        nullptr, nullptr);
+
+    // Tests only: the relay kills itself (SIGKILL) at this step of an
+    // exactly-once batch, as kill -9 would.  Not shown, superuser only.
+    DefineCustomStringVariable("outbox.fault_point", "Test only: a step of a batch to die at.",
+                               nullptr, &outbox_fault_point, "", PGC_SUSET,
+                               GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);
 
     MarkGUCPrefixReserved("outbox");
 }

@@ -39,14 +39,17 @@
 #include <string>
 #include <vector>
 
+#include "outbox/common/progress.h"
 #include "outbox/common/said_once.h"
 #include "outbox/kafka/config.h"
 #include "outbox/kafka/producer.h"
+#include "outbox/kafka/progress_reader.h"
 
 #include "outbox/guc.h"
 #include "outbox/kafka_link.h"
 #include "outbox/low_water.h"
 #include "outbox/policy.h"
+#include "outbox/queries/exactly_once.h"
 #include "outbox/queries/relay.h"
 #include "outbox/queries/spi.h"
 #include "outbox/shmem.h"
@@ -54,7 +57,12 @@
 #include "outbox/worker_common.h"
 #include "outbox/workers.h"
 
+#include <csignal>
+#include <map>
+
 extern "C" {
+#include "access/xlog.h"
+#include "miscadmin.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "utils/guc.h"
@@ -66,6 +74,11 @@ namespace {
 
 using outbox::kafka::Producer;
 using outbox::kafka::report_error;
+
+// The progress topic's last record of each of this database's ids.
+struct Progress {
+    std::map<std::string, std::string> last;
+};
 
 // Everything the worker keeps between turns.  Allocated once with nothrow
 // new; never freed (the process exits), never on a Postgres stack frame.
@@ -95,6 +108,25 @@ struct RelayState {
     // no standby reached within outbox.batch_timeout (0: none).  No claim
     // until they hold it.
     XLogRecPtr standby_need = 0;
+    // outbox.delivery = exactly_once (docs/exactly-once.md): the producer is
+    // transactional, with this share's id; no claim before recovery has
+    // settled its last transaction (eos_ready).  `seq` is the last
+    // transaction this database recorded.  Fenced (another producer took
+    // the id) or diverged (Kafka holds transactions this database never
+    // recorded): nothing is claimed until the settings change or the worker
+    // restarts; `stopped_settings` are the settings it stopped under.
+    bool eos = false;
+    bool eos_ready = false;
+    std::string tid_prefix;
+    std::string tid;
+    int64 seq = 0;
+    char *stopped_settings = nullptr;
+    outbox::SaidOnce said_eos;
+    Progress progress;          // recovery's reading of the progress topic
+    std::vector<int64_t> ids;   // one transaction's rows, from its record
+    bool eos_unknown = false;   // the last commit's outcome is open: replace the producer
+    bool eos_fenced = false;    // fenced during this turn: stop after it
+    char eos_error[1024] = {0};
 };
 
 RelayState *state(OutboxWorker *w) { return static_cast<RelayState *>(w->state); }
@@ -107,6 +139,7 @@ bool kafka_connect(RelayState *r, int wake_fd, const char *brokers, const char *
         outbox::kafka::Settings s;
         s.client = {brokers, client_id, extra, r->link.secrets};
         s.batch_size = static_cast<std::size_t>(batch_size);
+        if (r->eos) s.transactional_id = r->tid;
         std::string error;
         r->producer = Producer::create(s, wake_fd, error);
         return r->producer || report_error(err, errlen, error);
@@ -122,6 +155,143 @@ void kafka_disconnect(RelayState *r, int flush_ms) noexcept {
         r->producer->shutdown(flush_ms);
         r->producer.reset();
     }
+}
+
+// Exactly-once recovery, the Kafka steps.  Each blocks up to timeout_ms.
+
+// Fences transactional id `tid` (a share of an earlier outbox.workers that
+// did not stop cleanly): its open transaction ends, a commit it asked for
+// completes, and no producer of it can commit any more.
+bool fence_id(RelayState *r, const char *brokers, const char *extra, const char *tid,
+              int timeout_ms, char *err, std::size_t errlen) noexcept {
+    try {
+        outbox::kafka::Settings s;
+        s.client = {brokers, std::string(tid), extra, r->link.secrets};
+        s.batch_size = 1;
+        s.transactional_id = tid;
+        std::string error;
+        auto p = Producer::create(s, -1, error);
+        if (!p) return report_error(err, errlen, error);
+        bool fenced = false;
+        if (p->init_transactions(timeout_ms, error, fenced)) return true;
+        return report_error(err, errlen, error);
+    } catch (const std::exception &e) {
+        return report_error(err, errlen, e.what());
+    }
+}
+
+bool read_progress(RelayState *r, Progress *out, const char *brokers, const char *extra,
+                   const char *client_id, const char *topic, int timeout_ms, char *err,
+                   std::size_t errlen) noexcept {
+    try {
+        outbox::kafka::ClientSettings c{brokers, std::string(client_id) + "-recovery", extra,
+                                        r->link.secrets};
+        std::string error;
+        if (outbox::kafka::read_progress(c, topic, r->tid_prefix, timeout_ms, out->last, error))
+            return true;
+        return report_error(err, errlen, error);
+    } catch (const std::exception &e) {
+        return report_error(err, errlen, e.what());
+    }
+}
+
+// What the progress topic says of `tid`: false with the reason when its
+// record cannot be read; *seq 0 when it has none.
+bool progress_of(const Progress *p, const char *tid, int64 *seq, std::vector<int64_t> *ids,
+                 char *err, std::size_t errlen) noexcept {
+    try {
+        *seq = 0;
+        ids->clear();
+        auto it = p->last.find(tid);
+        if (it == p->last.end()) return true;
+        outbox::progress::Record rec;
+        std::string error;
+        if (!outbox::progress::decode(it->second, rec, error))
+            return report_error(err, errlen, std::string(tid) + ": " + error);
+        *seq = rec.seq;
+        *ids = std::move(rec.ids);
+        return true;
+    } catch (const std::exception &e) {
+        return report_error(err, errlen, e.what());
+    }
+}
+
+// The progress record of transaction `seq` of the producer's open
+// transaction, produced into it.
+bool produce_progress(RelayState *r, const char *topic, int64 seq, char *err,
+                      std::size_t errlen) noexcept {
+    try {
+        std::string error;
+        if (r->producer->produce_progress(topic, r->tid,
+                                          outbox::progress::encode(seq, r->producer->transaction_ids()),
+                                          error))
+            return true;
+        return report_error(err, errlen, error);
+    } catch (const std::exception &e) {
+        return report_error(err, errlen, e.what());
+    }
+}
+
+// Begins a transaction and produces the claimed records into it, then
+// their progress record (transaction `seq`).  0: produced; 1: nothing of
+// the batch reached librdkafka (refused at once, or held): abort it; -1:
+// failed, with the reason (abort it).
+int txn_produce(RelayState *r, const outbox::kafka::Record *records, std::size_t n,
+                const char *topic, int64 seq, char *err, std::size_t errlen) noexcept {
+    try {
+        Producer *p = r->producer.get();
+        std::string error;
+        if (!p->begin_transaction(error)) {
+            report_error(err, errlen, error);
+            return -1;
+        }
+        p->produce(records, n);
+        if (p->transaction_ids().empty()) return 1;
+        return produce_progress(r, topic, seq, err, errlen) ? 0 : -1;
+    } catch (const std::exception &e) {
+        report_error(err, errlen, e.what());
+        return -1;
+    }
+}
+
+outbox::kafka::TxnOutcome txn_end(RelayState *r, bool commit, int timeout_ms, char *err,
+                                  std::size_t errlen) noexcept {
+    try {
+        std::string error;
+        auto o = commit ? r->producer->commit_transaction(timeout_ms, error)
+                        : r->producer->abort_transaction(timeout_ms, error);
+        if (!error.empty()) report_error(err, errlen, error);
+        return o;
+    } catch (const std::exception &e) {
+        report_error(err, errlen, e.what());
+        return outbox::kafka::TxnOutcome::Unknown;
+    }
+}
+
+bool txn_init(RelayState *r, int timeout_ms, bool *fenced, char *err, std::size_t errlen) noexcept {
+    try {
+        std::string error;
+        if (r->producer->init_transactions(timeout_ms, error, *fenced)) return true;
+        return report_error(err, errlen, error);
+    } catch (const std::exception &e) {
+        return report_error(err, errlen, e.what());
+    }
+}
+
+void set_tids(RelayState *r, uint64 system_identifier, const char *dbname, OutboxShare share) noexcept {
+    try {
+        r->tid_prefix = outbox::progress::transactional_prefix(system_identifier, dbname);
+        r->tid = outbox::progress::transactional_id(r->tid_prefix, share.index + 1, share.count);
+    } catch (...) {
+        r->tid_prefix.clear();
+        r->tid.clear();
+    }
+}
+
+void forget_progress(RelayState *r) noexcept {
+    r->progress.last.clear();
+    r->ids.clear();
+    r->ids.shrink_to_fit();
 }
 
 // ---- Postgres side ----
@@ -323,6 +493,240 @@ bool await_standbys(OutboxWorker *w) {
     return true;
 }
 
+// ---- exactly once (outbox.delivery = exactly_once; docs/exactly-once.md) ----
+
+// Tests only (outbox.fault_point): dies here as kill -9 would.
+void fault_point(OutboxWorker *w, const char *step) {
+    if (outbox_fault_point && strcmp(outbox_fault_point, step) == 0) {
+        ereport(LOG, (errmsg("%s: fault point \"%s\": killing myself", w->label, step)));
+        kill(MyProcPid, SIGKILL);
+        pg_usleep(10L * 1000 * 1000);
+    }
+}
+
+// Fenced, or Kafka holds transactions this database never recorded: the
+// relay claims nothing until its settings change or it restarts.  Outside
+// a transaction.
+void eos_stop(OutboxWorker *w, const char *why) {
+    RelayState *r = state(w);
+    ereport(WARNING, (errmsg("%s: stops publishing: %s", w->label, why),
+                      errhint("Nothing is lost: messages stay pending. A restart of this worker "
+                              "(pg_terminate_backend) or a change of its Kafka settings tries "
+                              "again; see docs/exactly-once.md.")));
+    outbox_stats_error(why);
+    outbox_stats_waiting(why);
+    r->stopped_settings = outbox_keep_string(r->stopped_settings, r->link.built ? r->link.built : "");
+    kafka_disconnect(r, 0);
+    r->eos_ready = false;
+    forget_progress(r);
+}
+
+// Recovery failed for a passing reason: say it (once per distinct text),
+// try again after a backoff.
+void eos_retry_later(OutboxWorker *w, const char *what, const char *err) {
+    RelayState *r = state(w);
+    char text[1200];
+    snprintf(text, sizeof text, "exactly-once recovery: %s: %s", what, err);
+    if (r->said_eos.first_time(text))
+        ereport(WARNING, (errmsg("%s: %s", w->label, text),
+                          errhint("Nothing is published until it succeeds; it is tried again.")));
+    outbox_stats_error(text);
+    backoff_after_failure(r);
+    forget_progress(r);
+}
+
+// Whether the progress topic's record of `tid`, which this database last
+// recorded at `pg_seq`, can be settled: false (the reason in r->eos_error)
+// when it cannot be read, or when Kafka holds transactions of it this
+// database never recorded.
+bool eos_check(OutboxWorker *w, const char *tid, int64 pg_seq) {
+    RelayState *r = state(w);
+    int64 kafka_seq;
+    if (!progress_of(&r->progress, tid, &kafka_seq, &r->ids, r->eos_error, sizeof r->eos_error))
+        return false;
+    if (kafka_seq <= pg_seq + 1) return true;
+    snprintf(r->eos_error, sizeof r->eos_error,
+             "Kafka holds transaction %lld of %s, this database recorded only up to %lld: "
+             "another server with this database's identity published after it (a base "
+             "backup started beside it, or a standby promoted without "
+             "outbox.wait_for_standbys)",
+             static_cast<long long>(kafka_seq), tid, static_cast<long long>(pg_seq));
+    return false;
+}
+
+// Settles `tid` (checked by eos_check): the rows of a transaction Kafka
+// committed and this database did not record are marked published.
+// Returns the seq to go on from.
+int64 eos_settle(OutboxWorker *w, const char *tid, int64 pg_seq) {
+    RelayState *r = state(w);
+    int64 kafka_seq;
+    if (!progress_of(&r->progress, tid, &kafka_seq, &r->ids, r->eos_error, sizeof r->eos_error))
+        ereport(ERROR, (errmsg("pg outbox: %s", r->eos_error)));
+    if (kafka_seq == pg_seq + 1) {
+        outbox_relay_mark_by_id(r->ids.data(), static_cast<int>(r->ids.size()));
+        ereport(LOG, (errmsg("%s: Kafka committed transaction %lld of %s, which this database "
+                             "had not recorded: its %zu messages are marked published",
+                             w->label, static_cast<long long>(kafka_seq), tid, r->ids.size())));
+        return kafka_seq;
+    }
+    if (kafka_seq < pg_seq)
+        ereport(WARNING, (errmsg("%s: outbox.progress_topic holds transaction %lld of %s, this "
+                                 "database recorded %lld: a new or emptied topic; going on",
+                                 w->label, static_cast<long long>(kafka_seq), tid,
+                                 static_cast<long long>(pg_seq))));
+    return pg_seq;
+}
+
+// Before the first claim of a transactional producer: fences the shares of
+// an earlier outbox.workers that did not stop cleanly, registers this
+// share's id (which ends its own earlier transaction), reads the progress
+// topic read_committed and marks the rows of a transaction Kafka committed
+// and this database did not record.  True when the relay may claim.
+bool eos_recover(OutboxWorker *w) {
+    RelayState *r = state(w);
+    const char *brokers = outbox_brokers ? outbox_brokers : "";
+    const char *config = outbox_kafka_config ? outbox_kafka_config : "";
+    int timeout = Max(outbox_batch_timeout_ms, outbox::policy::kEosRecoveryTimeoutMs);
+    char err[1024];
+    if (!outbox_worker_begin(w, "pg outbox: exactly-once recovery")) return false;
+    if (w->schema < kOutboxSchema15) {
+        outbox_worker_commit(w);
+        eos_retry_later(w, "schema", "outbox.delivery = exactly_once needs the extension's "
+                                     "schema 1.5: run ALTER EXTENSION outbox UPDATE");
+        return false;
+    }
+    int n = w->share.count;
+    const char **current = static_cast<const char **>(palloc(sizeof(char *) * n));
+    for (int i = 0; i < n; i++)
+        current[i] = psprintf("%s%dof%d", r->tid_prefix.c_str(), i + 1, n);
+    char **stale;
+    int64 *stale_seq;
+    int n_stale = outbox_txn_lock_stale(r->tid_prefix.c_str(), current, n, &stale, &stale_seq);
+    for (int i = 0; i < n_stale; i++) {
+        if (!fence_id(r, brokers, config, stale[i], timeout, err, sizeof err)) {
+            outbox_worker_commit(w);
+            eos_retry_later(w, "fencing an earlier share", err);
+            return false;
+        }
+    }
+    bool fenced = false;
+    if (!txn_init(r, timeout, &fenced, err, sizeof err)) {
+        outbox_worker_commit(w);
+        if (fenced)
+            eos_stop(w, err);
+        else
+            eos_retry_later(w, "registering the transactional id", err);
+        return false;
+    }
+    if (!read_progress(r, &r->progress, brokers, config, r->tid.c_str(),
+                       outbox_progress_topic ? outbox_progress_topic : "", timeout, err,
+                       sizeof err)) {
+        outbox_worker_commit(w);
+        eos_retry_later(w, "reading the progress", err);
+        return false;
+    }
+    bool clean;
+    int64 pg_seq = outbox_txn_lock(r->tid.c_str(), &clean);
+    // Every id first: when Kafka is ahead of this database for any, nothing
+    // is marked.
+    bool ok = eos_check(w, r->tid.c_str(), pg_seq);
+    for (int i = 0; ok && i < n_stale; i++) ok = eos_check(w, stale[i], stale_seq[i]);
+    if (!ok) {
+        outbox_worker_commit(w);
+        eos_stop(w, r->eos_error);
+        return false;
+    }
+    int64 next = eos_settle(w, r->tid.c_str(), pg_seq);
+    outbox_txn_set(r->tid.c_str(), next, false);
+    for (int i = 0; i < n_stale; i++)
+        outbox_txn_set(stale[i], eos_settle(w, stale[i], stale_seq[i]), true);
+    outbox_worker_commit(w);
+    forget_progress(r);
+    r->seq = next;
+    r->eos_ready = true;
+    r->said_eos.forget();
+    outbox_stats_waiting(nullptr);
+    ereport(LOG, (errmsg("%s: publishing exactly once as transactional id %s, from transaction "
+                         "%lld", w->label, r->tid.c_str(), static_cast<long long>(next + 1))));
+    return true;
+}
+
+// Publishes a claim as one Kafka transaction with its progress record; on
+// commit marks its rows and records the transaction, in the caller's
+// transaction.  Returns how many rows were acknowledged.
+std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
+    RelayState *r = state(w);
+    int64 seq = r->seq + 1;
+    char err[1024];
+    err[0] = '\0';
+    int produced = txn_produce(r, claim->records, static_cast<std::size_t>(claim->n),
+                               outbox_progress_topic ? outbox_progress_topic : "", seq, err,
+                               sizeof err);
+    using outbox::kafka::TxnOutcome;
+    TxnOutcome o;
+    if (produced == 0) {
+        fault_point(w, "before_commit");
+        o = txn_end(r, true, outbox_batch_timeout_ms, err, sizeof err);
+    } else {
+        char abort_err[512];
+        abort_err[0] = '\0';
+        o = txn_end(r, false, outbox_batch_timeout_ms, abort_err, sizeof abort_err);
+        if (!err[0]) strlcpy(err, abort_err, sizeof err);
+    }
+    switch (o) {
+        case TxnOutcome::Committed: {
+            fault_point(w, "after_commit");
+            r->seq = seq;
+            outbox_txn_set(r->tid.c_str(), seq, false);
+            std::size_t acked = record_outcomes(w, claim);
+            fault_point(w, "during_mark");
+            return acked;
+        }
+        case TxnOutcome::Aborted:
+            if (produced < 0 && err[0]) {
+                // Not a record's refusal (those are failures, recorded by
+                // the caller): the progress topic, the coordinator.
+                outbox_stats_error(err);
+                if (r->said_eos.first_time(err))
+                    ereport(WARNING, (errmsg("%s: a Kafka transaction was aborted: %s", w->label,
+                                             err)));
+                backoff_after_failure(r);
+            }
+            return 0;
+        case TxnOutcome::Fenced:
+            strlcpy(r->eos_error, err, sizeof r->eos_error);
+            r->eos_fenced = true;
+            return 0;
+        case TxnOutcome::Unknown:
+        default:
+            ereport(LOG, (errmsg("%s: the outcome of Kafka transaction %lld is not known (%s); "
+                                 "it is settled before the next claim",
+                                 w->label, static_cast<long long>(seq), err)));
+            r->eos_unknown = true;
+            return 0;
+    }
+}
+
+// After the turn's commit: a fenced producer stops the relay; one whose
+// last transaction's outcome is open is replaced (recovery settles it).
+void eos_after_turn(OutboxWorker *w) {
+    RelayState *r = state(w);
+    if (r->eos_fenced) {
+        r->eos_fenced = false;
+        r->eos_unknown = false;
+        char why[1200];
+        snprintf(why, sizeof why,
+                 "fenced: another producer took transactional id %s (%s)", r->tid.c_str(),
+                 r->eos_error);
+        eos_stop(w, why);
+    } else if (r->eos_unknown) {
+        r->eos_unknown = false;
+        kafka_disconnect(r, 0);
+        r->eos_ready = false;
+        backoff_after_failure(r);
+    }
+}
+
 // The keys with records in flight, as a text[] for the claim to skip.
 Datum in_flight_keys(Producer *p) {
     int n = static_cast<int>(p->snapshot_in_flight_keys());
@@ -356,7 +760,9 @@ int run_batch(OutboxWorker *w) {
     outbox_relay_claim(w->schema, outbox_batch_size, r->mark.value(), w->share,
                        in_flight_keys(p), r->waiting, outbox::policy::kBatchByteBudget, &claim);
     bool held = claim.n > 0 && !await_standbys(w);
-    if (claim.n > 0 && !held) {
+    if (claim.n > 0 && !held && r->eos) {
+        acked += publish_transaction(w, &claim);
+    } else if (claim.n > 0 && !held) {
         p->produce(claim.records, static_cast<std::size_t>(claim.n));
         acked += await_deliveries(
             w, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms), &claim);
@@ -382,6 +788,7 @@ int run_batch(OutboxWorker *w) {
                                                        outbox::policy::kRelayBackoffMinMs);
     outbox_worker_commit(w);
     after_turn(w);
+    if (r->eos) eos_after_turn(w);
     if (held) return 0;
     // A batch the budget cut short is as good as a full one: more waits.
     return claim.left > 0 ? outbox_batch_size : claim.n;
@@ -415,8 +822,18 @@ bool ensure_producer(OutboxWorker *w) {
     const char *brokers = outbox_brokers ? outbox_brokers : "";
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     Producer *p = r->producer.get();
-    const char *parts[] = {brokers, config};
-    char *settings = outbox_link_settings(parts, 2);
+    bool eos = outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE;
+    const char *parts[] = {brokers, config, eos ? "exactly_once" : "at_least_once"};
+    char *settings = outbox_link_settings(parts, 3);
+
+    // Stopped (fenced, or Kafka ahead of this database): not again under
+    // the same settings.
+    if (r->stopped_settings) {
+        if (strcmp(r->stopped_settings, settings) == 0 && !p) return true;
+        pfree(r->stopped_settings);
+        r->stopped_settings = nullptr;
+        outbox_stats_waiting(nullptr);
+    }
 
     if (p) {
         if (outbox_link_matches(&r->link, settings, p->secrets()) && !p->fatal()) {
@@ -453,6 +870,9 @@ bool ensure_producer(OutboxWorker *w) {
 
     char client_id[NAMEDATALEN + 32];
     snprintf(client_id, sizeof client_id, "pg_outbox-%s-%d", w->dbname, w->share.index + 1);
+    r->eos = eos;
+    r->eos_ready = false;
+    if (eos && r->tid.empty()) set_tids(r, GetSystemIdentifier(), w->dbname, w->share);
     char err[512];
     if (!kafka_connect(r, w->wake_pipe[1], brokers, config, client_id, outbox_batch_size, err,
                        sizeof err)) {
@@ -513,6 +933,15 @@ long relay_turn(OutboxWorker *w) {
         drain_step(w, 100);  // the old producer finishes its flights, or its time runs out
         return 0;
     }
+    if (r->eos && !r->eos_ready) {
+        if (r->next_claim_at > now) return ms_until(r->next_claim_at);
+        if (!eos_recover(w)) {
+            after_turn(w);
+            return r->next_claim_at > 0 ? ms_until(r->next_claim_at) : outbox_poll_interval_ms;
+        }
+        after_turn(w);
+        p = r->producer.get();
+    }
     // Backing off, or too much in flight: only record what comes back.
     std::size_t cap = static_cast<std::size_t>(outbox_batch_size) * outbox::policy::kMaxBatchesInFlight;
     if (r->next_claim_at > now || p->in_flight() >= cap) {
@@ -572,6 +1001,12 @@ void relay_stop(OutboxWorker *w) {
         while (p->in_flight() > 0 && GetCurrentTimestamp() < deadline)
             drain_step(w, Min(ms_until(deadline), 100L));
         drain_step(w, 0);
+    }
+    // A clean stop: nothing of this transactional id is open or unrecorded.
+    if (r->eos && r->eos_ready && r->producer &&
+        outbox_worker_begin(w, "pg outbox: stopping")) {
+        if (w->schema >= kOutboxSchema15) outbox_txn_set(r->tid.c_str(), r->seq, true);
+        outbox_worker_commit(w);
     }
     kafka_disconnect(r, 0);
 }

@@ -56,6 +56,10 @@ def defined_gucs():
         macros = {}  # the first definition: the build with lz4, as the table says
         for k, v in re.findall(r"#define\s+(\w+)\s+(\w+)", text):
             macros.setdefault(k, v)
+        # Enum options: {"name", CONSTANT, hidden} entries of config_enum_entry tables.
+        options = {}
+        for n, k in re.findall(r'\{\s*"([^"]+)"\s*,\s*(\w+)\s*,\s*(?:false|true)\s*\}', text):
+            options.setdefault(k, n)
         for m in re.finditer(r"DefineCustom(\w+)Variable\s*\(", text):
             depth, j = 1, m.end()
             while depth:
@@ -72,7 +76,7 @@ def defined_gucs():
                 context, flags = args[6], args[7]
                 default = macros.get(default, default)
                 default = macros.get(default, default)
-                default = default.rsplit("_", 1)[-1].lower()
+                default = options.get(default) or default.rsplit("_", 1)[-1].lower()
             else:
                 context, flags = args[5], args[6]
                 if kind == "bool":

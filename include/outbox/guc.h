@@ -27,7 +27,16 @@ extern char *outbox_inbox_group;
 extern int outbox_inbox_workers;
 extern char *outbox_wait_for_standbys;
 extern int outbox_standby_lsn;
+extern int outbox_delivery;
+extern char *outbox_progress_topic;
+extern char *outbox_fault_point;
 }
+
+// outbox.delivery.
+enum OutboxDelivery {
+    OUTBOX_DELIVERY_AT_LEAST_ONCE,
+    OUTBOX_DELIVERY_EXACTLY_ONCE,
+};
 
 // outbox.standby_lsn: which position of a standby counts.
 enum OutboxStandbyLsn {

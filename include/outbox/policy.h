@@ -11,6 +11,10 @@ namespace outbox::policy {
 // ends it.  Refused rows next to acknowledged ones wait the minimum.
 inline constexpr int kRelayBackoffMinMs = 250;
 inline constexpr int kRelayBackoffMaxMs = 30000;
+// Exactly-once recovery (registering the transactional id, reading the
+// progress topic) may block the relay this long at most, or
+// outbox.batch_timeout when that is longer; then it tries again later.
+inline constexpr int kEosRecoveryTimeoutMs = 30000;
 
 // outbox.wait_for_standbys: a batch looks at the standbys' positions every
 // millisecond for this long (a healthy standby's round trip: each step

@@ -68,7 +68,7 @@ public class KafkaTool {
                     System.out.println(ad.describeMetadataQuorum().quorumInfo().get().leaderId());
                 }
                 break;
-            case "dump": dump(a[1], a[2]); break;
+            case "dump": dump(a[1], a[2], a.length > 3 ? a[3] : "read_uncommitted"); break;
             case "describe": describe(a[1], a[2]); break;
             case "group-offsets":
                 try (Admin ad = admin(a[1])) {
@@ -148,12 +148,12 @@ public class KafkaTool {
         }
     }
 
-    static void dump(String bootstrap, String topic) {
+    static void dump(String bootstrap, String topic, String isolation) {
         Properties p = new Properties();
         p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
         p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "5000");
-        p.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_uncommitted");
+        p.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, isolation);
         extra(p);
         try (KafkaConsumer<byte[], byte[]> c =
                  new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {

@@ -351,10 +351,12 @@ class KafkaCluster:
         return {int(p): int(o) for p, o in
                 (line.split("\t") for line in java_tool("group-offsets", up, group).splitlines())}
 
-    def dump(self, topic):
-        """Every record of the topic, read by Java's consumer: a list of dicts of bytes."""
+    def dump(self, topic, isolation="read_uncommitted"):
+        """Every record of the topic, read by Java's consumer: a list of dicts of bytes.
+        isolation="read_committed": only records of committed transactions (and none after
+        a transaction still open)."""
         records = []
-        for line in java_tool("dump", self.bootstrap, topic).splitlines():
+        for line in java_tool("dump", self.bootstrap, topic, isolation).splitlines():
             p, o, k, v, jp, hs = (line.split("\t") + [""])[:6]
             dec = (lambda s: None if s == "-" else base64.b64decode(s))
             headers = []

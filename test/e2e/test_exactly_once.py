@@ -1,0 +1,332 @@
+"""Exactly-once delivery (outbox.delivery = 'exactly_once') against Apache Kafka itself.
+
+One three-node KRaft cluster (test/kafka/cluster.py: replication factor 3,
+min.insync.replicas=2, auto-create off). What arrived is read back by Java's
+kafka-clients consumer with isolation.level=read_committed (KafkaTool.java dump),
+which shares no code with librdkafka, and checked against the rows Postgres
+committed: lost, duplicates, order violations. The relay is killed with SIGKILL at
+each step of a batch through the test-only outbox.fault_point; a second producer
+takes the relay's transactional id; a base backup of the primary is started beside it.
+
+Needs Java 17 and Maven, as test_real_kafka; OUTBOX_REAL_KAFKA=0 skips it.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kafka"))
+from harness import (ORDERS_SCHEMA, PG_BIN, PgCluster, Writers, as_postgres,  # noqa: E402
+                     wait_until)
+from test_real_kafka import RealKafkaTest, committed_rows, verify  # noqa: E402
+
+ENABLED = os.environ.get("OUTBOX_REAL_KAFKA", "1") != "0"
+if ENABLED:
+    from cluster import KafkaCluster  # noqa: E402
+
+PROGRESS = "pg_outbox_progress"
+KAFKA = None
+RESULTS = []
+
+
+def setUpModule():
+    global KAFKA
+    if ENABLED:
+        t0 = time.monotonic()
+        KAFKA = KafkaCluster(nodes=3).start()
+        KAFKA.create_topic(PROGRESS, partitions=1, cleanup_policy="compact")
+        print(f"\n[exactly once] 3 nodes ready in {time.monotonic() - t0:.1f}s", file=sys.stderr,
+              flush=True)
+
+
+def tearDownModule():
+    if KAFKA:
+        KAFKA.stop()
+    if RESULTS:
+        print("\nscenario written delivered lost duplicates order_violations", file=sys.stderr)
+        for r in RESULTS:
+            print(" ".join(str(x) for x in r), file=sys.stderr)
+
+
+@unittest.skipUnless(ENABLED, "OUTBOX_REAL_KAFKA=0")
+class ExactlyOnceTest(unittest.TestCase):
+    workers = 2
+    extra = {}
+
+    def setUp(self):
+        conf = {"outbox.brokers": f"'{KAFKA.bootstrap}'",
+                "outbox.delivery": "'exactly_once'",
+                "outbox.workers": self.workers,
+                "outbox.batch_size": 500,
+                "outbox.batch_timeout": "'5s'",
+                "outbox.max_attempts": 3,
+                "wal_level": "replica",
+                "max_wal_senders": 4}
+        conf.update(self.extra)
+        self.pg = PgCluster(conf, name="outbox-eos")
+        self.pg.start()
+        self.pg.sql(ORDERS_SCHEMA)
+        self.others = []
+
+    def tearDown(self):
+        failed = RealKafkaTest._outcome_failed(self)
+        for pg in [self.pg] + self.others:
+            if failed:
+                print(pg.log()[-8000:], file=sys.stderr)
+            pg.destroy()
+
+    def write(self, topic, clients=4, per_client=1500, keys=50):
+        return Writers(self.pg, clients=clients, per_client=per_client, keys=keys,
+                       topic=topic).start()
+
+    def pending(self, pg=None):
+        return (pg or self.pg).scalar("SELECT count(*) FROM outbox.outbox_message "
+                                      "WHERE published_at IS NULL AND parked_at IS NULL")
+
+    def settled(self, pg=None, timeout=300):
+        wait_until(lambda: self.pending(pg) == 0, timeout, interval=0.5,
+                   what="every committed row published")
+
+    def relay_errors(self, pg=None):
+        return [r[0] or "" for r in (pg or self.pg).sql(
+            "SELECT last_error FROM outbox.worker_stats WHERE role = 'relay'")]
+
+    def check(self, name, topic, pg=None, min_written=1):
+        committed = committed_rows(pg or self.pg, topic)
+        result = verify(KAFKA.dump(topic, "read_committed"), committed)
+        RESULTS.append((name, result["written"], result["delivered"], result["lost"],
+                        result["duplicates"], result["order_violations"]))
+        print(f"\n[exactly once] {name}: {result}", file=sys.stderr, flush=True)
+        self.assertGreaterEqual(result["written"], min_written)
+        self.assertEqual(result["lost"], 0, result)
+        self.assertEqual(result["duplicates"], 0, result)
+        self.assertEqual(result["order_violations"], 0, result)
+        self.assertEqual(result["unknown"], 0, result)
+        self.assertEqual(result["mismatched"], 0, result)
+        return result
+
+    def fault(self, step):
+        self.pg.sql(f"ALTER SYSTEM SET outbox.fault_point = '{step}'")
+        self.pg.reload()
+
+    def no_fault(self):
+        wait_until(lambda: self._try_sql("ALTER SYSTEM RESET outbox.fault_point"), 120,
+                   what="the server back after a crash")
+        self.pg.reload()
+
+    def _try_sql(self, q):
+        try:
+            self.pg.sql(q)
+            return True
+        except Exception:
+            return False
+
+    def crashes(self, step):
+        return self.pg.log().count(f'fault point "{step}"')
+
+
+class Delivery(ExactlyOnceTest):
+    def test_1_each_message_once_in_order_for_a_read_committed_consumer(self):
+        """6,000 messages (rollbacks among them) from 4 writers through 2 transactional relays:
+        a read_committed consumer sees each committed message once, in per-key order, and each
+        share's transactions are recorded in outbox.relay_transaction and the progress topic."""
+        KAFKA.create_topic("eos.stream", partitions=4)
+        w = self.write("eos.stream")
+        w.join()
+        self.settled()
+        self.check("1_stream", "eos.stream", min_written=5000)
+        rows = self.pg.sql("SELECT transactional_id, seq, clean FROM outbox.relay_transaction "
+                           "ORDER BY 1")
+        self.assertEqual(len(rows), 2, rows)
+        for tid, seq, clean in rows:
+            self.assertRegex(tid, r"^pg_outbox-\d+-postgres-[12]of2$")
+            self.assertGreater(seq, 0)
+            self.assertFalse(clean, "a running relay's id is not clean")
+        progress = [r for r in KAFKA.dump(PROGRESS, "read_committed")
+                    if r["key"].decode().startswith(rows[0][0][:-4])]
+        self.assertTrue(progress, "progress records in the progress topic")
+        # A clean stop says so: nothing of these ids is open.  (Started again at least once,
+        # so that no relay's recovery marks them in use again.)
+        self.pg.stop()
+        self.pg.append_conf({"outbox.delivery": "'at_least_once'"})
+        self.pg.start()
+        self.assertEqual(self.pg.sql("SELECT transactional_id, seq, clean FROM "
+                                     "outbox.relay_transaction ORDER BY 1"),
+                         [(tid, seq, True) for tid, seq, _ in rows])
+
+    def test_2_a_refused_record_aborts_its_transaction_and_is_parked_alone(self):
+        """A record Kafka refuses for good (a topic that does not exist; auto-create off) aborts
+        its transaction: the batch goes again without it, it is parked after max_attempts with
+        the broker's reason, and every other message arrives once."""
+        KAFKA.create_topic("eos.ok", partitions=2)
+        self.pg.sql("SELECT outbox.write('eos.absent', 'k-absent', '{\"n\": 0}')")
+        for i in range(200):
+            self.pg.sql("SELECT outbox.write('eos.ok', %s, %s::jsonb)",
+                        (f"k{i % 20}", f'{{"n": {i}}}'))
+        wait_until(lambda: self.pg.scalar("SELECT count(*) FROM outbox.outbox_message "
+                                          "WHERE parked_at IS NOT NULL") == 1, 180,
+                   what="the refused record parked")
+        self.settled()
+        reason = self.pg.scalar("SELECT last_error FROM outbox.outbox_message WHERE parked_at "
+                                "IS NOT NULL")
+        self.assertIn("Unknown topic", reason)
+        self.check("2_refused_parked", "eos.ok", min_written=200)
+
+
+class Transactions(ExactlyOnceTest):
+    extra = {"outbox.kafka_config": "'transaction.timeout.ms=3600000'"}
+
+    def test_3_a_transaction_timeout_longer_than_the_broker_allows_names_both_settings(self):
+        """transaction.timeout.ms above the brokers' transaction.max.timeout.ms (15 minutes):
+        the relay says so naming both settings, and publishes nothing until it is fixed."""
+        KAFKA.create_topic("eos.timeout", partitions=1)
+        self.pg.sql("SELECT outbox.write('eos.timeout', 'k', '{}')")
+        wait_until(lambda: any("transaction.max.timeout.ms" in e for e in self.relay_errors()),
+                   120, what="the relay's error")
+        error = next(e for e in self.relay_errors() if "transaction.max.timeout.ms" in e)
+        self.assertIn("transaction.timeout.ms", error)
+        self.assertEqual(self.pending(), 1)
+        self.pg.sql("ALTER SYSTEM SET outbox.kafka_config = ''")
+        self.pg.reload()
+        self.settled(timeout=120)
+        self.check("3_timeout_fixed", "eos.timeout")
+
+
+class Faults(ExactlyOnceTest):
+    def run_fault(self, step, topic):
+        KAFKA.create_topic(topic, partitions=4)
+        w = self.write(topic, clients=4, per_client=1500)
+        wait_until(lambda: w.progress() > 1000, 300, what="writes under way")
+        self.fault(step)
+        wait_until(lambda: self.crashes(step) >= 3, 300, interval=0.5,
+                   what=f"three crashes at {step}")
+        self.no_fault()
+        w.join()
+        self.settled()
+        return self.check(f"4_kill9_{step}", topic, min_written=5000)
+
+    def test_4a_killed_before_the_kafka_commit(self):
+        """SIGKILL after the batch is produced, before its Kafka transaction commits: the new
+        relay's registration aborts it; its rows go again; a read_committed consumer sees each
+        once (a read_uncommitted one may see the aborted copies)."""
+        self.run_fault("before_commit", "eos.kill.before")
+
+    def test_4b_killed_after_the_kafka_commit_before_the_mark(self):
+        """SIGKILL after Kafka committed, before Postgres marked: recovery reads the progress
+        topic and marks exactly that transaction's rows, so none goes out twice."""
+        self.run_fault("after_commit", "eos.kill.after")
+        self.assertRegex(self.pg.log(), r"Kafka committed transaction \d+ of pg_outbox-\S+, which "
+                                        r"this database had not recorded: its \d+ messages are "
+                                        r"marked published")
+
+    def test_4c_killed_during_the_mark(self):
+        """SIGKILL after the marks, before Postgres committed them: the same as 4b."""
+        self.run_fault("during_mark", "eos.kill.mark")
+        self.assertIn("which this database had not recorded", self.pg.log())
+
+
+class Workers(ExactlyOnceTest):
+    workers = 2
+    extra = {"restart_after_crash": "off"}
+
+    def test_5_a_crash_then_a_change_of_workers_loses_and_duplicates_nothing(self):
+        """The relay dies after a Kafka commit, the server goes down with it, and comes back
+        with outbox.workers = 3: the new relays fence the two old transactional ids, mark the
+        rows of their last committed transaction, and publish the rest once."""
+        KAFKA.create_topic("eos.workers", partitions=4)
+        w = self.write("eos.workers", clients=4, per_client=1000)
+        wait_until(lambda: w.progress() > 800, 300, what="writes under way")
+        self.fault("after_commit")
+        wait_until(lambda: self.crashes("after_commit") >= 1, 120, what="the crash")
+        wait_until(lambda: self.pg.pg_ctl("status", check=False).returncode != 0, 60,
+                   what="the server down (restart_after_crash = off)")
+        auto = os.path.join(self.pg.data, "postgresql.auto.conf")
+        with open(auto) as f:
+            kept = [line for line in f if "outbox.fault_point" not in line]
+        with open(auto, "w") as f:
+            f.writelines(kept)
+        self.pg.append_conf({"outbox.workers": 3, "restart_after_crash": "on"})
+        self.pg.start()
+        w.join()
+        self.settled()
+        self.assertRegex(self.pg.log(), r"Kafka committed transaction \d+ of pg_outbox-\S+-\dof2, "
+                                        r"which this database had not recorded")
+        ids = dict(self.pg.sql("SELECT transactional_id, clean FROM outbox.relay_transaction"))
+        self.assertEqual(sorted(k[-4:] for k in ids), ["1of2", "1of3", "2of2", "2of3", "3of3"])
+        self.assertTrue(all(ids[k] for k in ids if k.endswith("of2")), ids)
+        self.check("5_crash_then_workers_2_to_3", "eos.workers", min_written=1000)
+
+
+class Fencing(ExactlyOnceTest):
+    workers = 1
+
+    def test_6_a_producer_that_takes_the_id_fences_the_relay_which_stops(self):
+        """Another producer registers the relay's transactional id: the relay's next commit is
+        fenced; it stops claiming (says so in the log and outbox.worker_stats) instead of
+        fighting; a restart of the worker takes the id back and publishes what waited, once."""
+        from confluent_kafka import Producer
+        KAFKA.create_topic("eos.fence", partitions=2)
+        for i in range(50):
+            self.pg.sql("SELECT outbox.write('eos.fence', %s, '{}')", (f"k{i % 5}",))
+        self.settled()
+        tid = self.pg.scalar("SELECT transactional_id FROM outbox.relay_transaction")
+        other = Producer({"bootstrap.servers": KAFKA.bootstrap, "transactional.id": tid})
+        other.init_transactions(60)
+        for i in range(50, 100):
+            self.pg.sql("SELECT outbox.write('eos.fence', %s, '{}')", (f"k{i % 5}",))
+        wait_until(lambda: any("fenced" in e for e in self.relay_errors()), 120,
+                   what="the relay fenced")
+        self.assertIn("stops publishing: fenced", self.pg.log())
+        time.sleep(3)
+        self.assertGreater(self.pending(), 0, "a fenced relay claims nothing")
+        self.assertEqual(self.pg.log().count("stops publishing"), 1, "it does not fight")
+        self.pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE backend_type = 'pg outbox relay'")
+        self.settled(timeout=180)
+        self.check("6_fenced_then_restarted", "eos.fence", min_written=100)
+
+    def test_7_a_base_backup_started_beside_the_primary_sends_no_duplicate(self):
+        """A base backup of the primary (same system identifier, same transactional ids) started
+        while the primary's relay runs: whichever registers last fences the other; the copy,
+        behind Kafka, stops publishing; no duplicate reaches a read_committed consumer."""
+        KAFKA.create_topic("eos.copy", partitions=2)
+        with open(os.path.join(self.pg.data, "pg_hba.conf"), "a") as f:
+            f.write("local replication all trust\n")
+        self.pg.reload()
+        for i in range(100):
+            self.pg.sql("SELECT outbox.write('eos.copy', %s, '{}')", (f"k{i % 10}",))
+        self.settled()
+        copy = PgCluster({}, name="outbox-eos-copy")
+        self.others.append(copy)
+        subprocess.run(as_postgres(["rm", "-rf", copy.data]), check=True)
+        subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_basebackup"), "-h", self.pg.dir,
+                                    "-p", str(self.pg.port), "-U", "postgres", "-D", copy.data,
+                                    "-X", "stream"]), check=True)
+        # The primary goes on: two transactions or more past what the copy recorded.
+        for start in (100, 150):
+            for i in range(start, start + 50):
+                self.pg.sql("SELECT outbox.write('eos.copy', %s, '{}')", (f"k{i % 10}",))
+            self.settled()
+        copy.append_conf({"port": copy.port, "unix_socket_directories": f"'{copy.dir}'"})
+        copy.start()
+        wait_until(lambda: "stops publishing" in copy.log(), 120, what="the copy stops")
+        self.assertIn("this database recorded only up to", copy.log())
+        for i in range(200, 250):
+            self.pg.sql("SELECT outbox.write('eos.copy', %s, '{}')", (f"k{i % 10}",))
+        # The copy's registration fenced the primary: it stops too, and publishes nothing twice.
+        wait_until(lambda: any("fenced" in e for e in self.relay_errors()), 120,
+                   what="the primary fenced")
+        copy.stop("immediate")
+        self.pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE backend_type = 'pg outbox relay'")
+        self.settled(timeout=180)
+        self.check("7_base_backup_beside_the_primary", "eos.copy", min_written=250)
+
+
+if __name__ == "__main__":
+    unittest.main()
