@@ -110,13 +110,20 @@ bool read_progress(const ClientSettings &client, const std::string &topic,
             return false;
         }
 
+        // A read_committed consumer reaches "the end" at the last stable
+        // offset: the first record of a transaction still open (another
+        // share's, or one a crash left until its relay's next start aborts
+        // it). A committed record after it is not visible yet, so the end is
+        // the high watermark the first fetch reports: EOF counts only once
+        // the stable offset has reached it.
+        std::vector<int64_t> target(static_cast<std::size_t>(partitions), -1);
         std::vector<char> at_end(static_cast<std::size_t>(partitions), 0);
         int ended = 0;
         while (ended < partitions) {
             int wait = std::min(left(), 100);
             if (wait <= 0) {
                 error = "outbox.progress_topic \"" + topic + "\": its end was not reached within " +
-                        std::to_string(timeout_ms) + " ms" +
+                        std::to_string(timeout_ms) + " ms (a transaction still open on it?)" +
                         (errors.last.empty() ? "" : " (" + errors.last + ")");
                 return false;
             }
@@ -125,8 +132,15 @@ bool read_progress(const ClientSettings &client, const std::string &topic,
             std::unique_ptr<rd_kafka_message_t, void (*)(rd_kafka_message_t *)> own_m(
                 m, rd_kafka_message_destroy);
             if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-                if (m->partition >= 0 && m->partition < partitions && !at_end[m->partition]) {
-                    at_end[m->partition] = 1;
+                int32_t p = m->partition;
+                if (p < 0 || p >= partitions || at_end[p]) continue;
+                if (target[p] < 0) {
+                    int64_t lo = 0, hi = -1;
+                    rd_kafka_get_watermark_offsets(rk.get(), topic.c_str(), p, &lo, &hi);
+                    target[p] = hi;
+                }
+                if (m->offset >= target[p]) {
+                    at_end[p] = 1;
                     ++ended;
                 }
                 continue;
