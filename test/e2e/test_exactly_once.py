@@ -159,6 +159,37 @@ class Delivery(ExactlyOnceTest):
                                      "outbox.relay_transaction ORDER BY 1"),
                          [(tid, seq, True) for tid, seq, _ in rows])
 
+    def test_8_bytes_tombstones_partitions_and_a_replay(self):
+        """write_bytes (a tombstone and a keyless record), an explicit partition and headers go
+        through transactions as they do without; outbox.replay() is a new delivery: a
+        read_committed consumer sees each replayed message once more, and nothing else twice."""
+        KAFKA.create_topic("eos.native", partitions=3)
+        self.pg.sql("SELECT outbox.write_bytes('eos.native', 'k-tomb'::bytea, NULL)")
+        self.pg.sql("SELECT outbox.write_bytes('eos.native', NULL, '\\x00ff'::bytea, "
+                    "'{\"h\": \"v\"}')")
+        for i in range(6):
+            self.pg.sql("SELECT outbox.write('eos.native', 'k-p', %s::jsonb, partition => 2)",
+                        (f'{{"n": {i}}}',))
+        self.settled()
+        records = KAFKA.dump("eos.native", "read_committed")
+        self.assertEqual(len(records), 8)
+        tomb = [r for r in records if r["key"] == b"k-tomb"]
+        self.assertEqual(len(tomb), 1)
+        self.assertIsNone(tomb[0]["value"])
+        keyless = [r for r in records if r["key"] is None]
+        self.assertEqual([r["value"] for r in keyless], [b"\x00\xff"])
+        self.assertIn(("h", b"v"), keyless[0]["headers"])
+        pinned = [r for r in records if r["key"] == b"k-p"]
+        self.assertEqual({r["partition"] for r in pinned}, {2})
+        self.assertEqual([r["value"] for r in pinned], [f'{{"n": {i}}}'.encode() for i in range(6)])
+        replayed = self.pg.scalar("SELECT outbox.replay('2000-01-01', topic => 'eos.native')")
+        self.assertEqual(replayed, 8)
+        self.settled()
+        again = KAFKA.dump("eos.native", "read_committed")
+        self.assertEqual(len(again), 16, "each message once more, nothing else")
+        ids = [dict(r["headers"])["event_id"] for r in again]
+        self.assertTrue(all(ids.count(i) == 2 for i in ids))
+
     def test_2_a_refused_record_aborts_its_transaction_and_is_parked_alone(self):
         """A record Kafka refuses for good (a topic that does not exist; auto-create off) aborts
         its transaction: the batch goes again without it, it is parked after max_attempts with
