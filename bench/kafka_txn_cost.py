@@ -50,15 +50,18 @@ def read_all(bootstrap, level, partitions):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--sizes", default="1,100,5000", help="records per transaction")
+    ap.add_argument("--pauses", default="0,50", help="ms between transactions")
+    ap.add_argument("--nodes", type=int, default=1, help="Kafka nodes (replication factor too)")
     args = ap.parse_args()
     print("librdkafka", confluent_kafka.libversion()[0])
-    cluster = KafkaCluster(nodes=1, auto_create=False)
+    cluster = KafkaCluster(nodes=args.nodes, auto_create=False)
     cluster.start()
     failures = []
     try:
         bs = cluster.bootstrap
-        cluster.create_topic("txn.events", partitions=4, replicas=1)
-        cluster.create_topic("txn.progress", partitions=1, replicas=1,
+        cluster.create_topic("txn.events", partitions=4, replicas=args.nodes)
+        cluster.create_topic("txn.progress", partitions=1, replicas=args.nodes,
                              **{"cleanup.policy": "compact"})
 
         def producer(tid):
@@ -99,8 +102,8 @@ def main():
         print("| records per transaction | between transactions | flush() median (max) | "
               "commit_transaction() median (max) |")
         print("|---|---|---|---|")
-        for n in (1, 100, 5000):
-            for pause in (0, 0.05):
+        for n in [int(x) for x in args.sizes.split(",")]:
+            for pause in [int(x) / 1000 for x in args.pauses.split(",")]:
                 flushes, commits = [], []
                 for _ in range(args.rounds):
                     time.sleep(pause)

@@ -126,6 +126,7 @@ struct RelayState {
     std::vector<int64_t> ids;   // one transaction's rows, from its record
     bool eos_unknown = false;   // the last commit's outcome is open: replace the producer
     bool eos_fenced = false;    // fenced during this turn: stop after it
+    TimestampTz last_commit_at = 0;  // of the last Kafka transaction
     char eos_error[1024] = {0};
 };
 
@@ -675,6 +676,7 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
     }
     switch (o) {
         case TxnOutcome::Committed: {
+            r->last_commit_at = GetCurrentTimestamp();
             fault_point(w, "after_commit");
             r->seq = seq;
             outbox_txn_set(r->tid.c_str(), seq, false);
@@ -970,6 +972,12 @@ long relay_turn(OutboxWorker *w) {
     bool busy = r->last_batch_end > 0 && !r->last_batch_full &&
                 TimestampDifferenceMilliseconds(r->last_batch_end, now) < outbox::policy::kBusyWindowMs;
     if (busy) gather(linger_for(r->rate));
+    // Exactly once: let the coordinator finish the last commit's markers
+    // before this transaction registers its partitions (policy.h).
+    if (r->eos && r->last_commit_at > 0) {
+        long since = TimestampDifferenceMilliseconds(r->last_commit_at, GetCurrentTimestamp());
+        if (since < outbox::policy::kTxnSettleMs) gather(outbox::policy::kTxnSettleMs - since);
+    }
     int claimed = run_batch(w);
     if (claimed < 0) return outbox_poll_interval_ms;
     TimestampTz ended = GetCurrentTimestamp();

@@ -15,6 +15,13 @@ inline constexpr int kRelayBackoffMaxMs = 30000;
 // progress topic) may block the relay this long at most, or
 // outbox.batch_timeout when that is longer; then it tries again later.
 inline constexpr int kEosRecoveryTimeoutMs = 30000;
+// Exactly once: the next transaction starts at least this long after the
+// last commit.  Kafka's coordinator refuses to register a transaction's
+// partitions while it still writes the previous one's markers, and
+// Debian 12's librdkafka then retries 20 ms later; on three brokers a
+// 10 ms pause took a batch of 100 from 94 to 43 ms (bench/kafka_txn_cost.py
+// --nodes 3 --pauses, docs/performance.md).
+inline constexpr int kTxnSettleMs = 10;
 
 // outbox.wait_for_standbys: a batch looks at the standbys' positions every
 // millisecond for this long (a healthy standby's round trip: each step

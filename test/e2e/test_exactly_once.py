@@ -261,6 +261,30 @@ class Faults(ExactlyOnceTest):
         self.assertIn("which this database had not recorded", self.pg.log())
 
 
+class Coordinator(ExactlyOnceTest):
+    workers = 1
+
+    def test_9_the_transaction_coordinator_killed_under_load(self):
+        """kill -9 of the broker that coordinates the relay's transactions while batches commit
+        every few milliseconds, then its restart: the relay's commits time out or fail, recovery
+        settles each, and a read_committed consumer sees every message once, in order."""
+        KAFKA.create_topic("eos.coordinator", partitions=4)
+        w = self.write("eos.coordinator", clients=4, per_client=1500)
+        wait_until(lambda: self.pg.scalar("SELECT count(*) FROM outbox.relay_transaction "
+                                          "WHERE seq > 3") == 1, 120, what="transactions")
+        tid = self.pg.scalar("SELECT transactional_id FROM outbox.relay_transaction")
+        node = KAFKA.txn_coordinator(tid)
+        wait_until(lambda: w.progress() > 1500, 300, what="writes under way")
+        KAFKA.kill_node(node)
+        print(f"\n[exactly once] killed node {node}, the coordinator of {tid}", file=sys.stderr)
+        time.sleep(15)
+        KAFKA.start_node(node)
+        KAFKA.wait_ready()
+        w.join()
+        self.settled(timeout=400)
+        self.check("9_coordinator_killed", "eos.coordinator", min_written=5000)
+
+
 class Workers(ExactlyOnceTest):
     workers = 2
     extra = {"restart_after_crash": "off"}

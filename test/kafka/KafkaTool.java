@@ -68,6 +68,12 @@ public class KafkaTool {
                     System.out.println(ad.describeMetadataQuorum().quorumInfo().get().leaderId());
                 }
                 break;
+            case "txn-coordinator":
+                try (Admin ad = admin(a[1])) {
+                    System.out.println(ad.describeTransactions(List.of(a[2])).description(a[2]).get()
+                                         .coordinatorId());
+                }
+                break;
             case "dump": dump(a[1], a[2], a.length > 3 ? a[3] : "read_uncommitted"); break;
             case "describe": describe(a[1], a[2]); break;
             case "group-offsets":

@@ -322,6 +322,11 @@ class KafkaCluster:
         up = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.running())
         return int(java_tool("quorum-leader", up).strip())
 
+    def txn_coordinator(self, transactional_id):
+        """The node that coordinates a transactional id's transactions."""
+        up = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.running())
+        return int(java_tool("txn-coordinator", up, transactional_id).strip())
+
     def describe(self, topic):
         """partition -> (leader, ISR size, end offset), from Java's admin client."""
         up = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.running())
