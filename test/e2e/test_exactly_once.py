@@ -85,8 +85,13 @@ class ExactlyOnceTest(unittest.TestCase):
                        topic=topic).start()
 
     def pending(self, pg=None):
-        return (pg or self.pg).scalar("SELECT count(*) FROM outbox.outbox_message "
-                                      "WHERE published_at IS NULL AND parked_at IS NULL")
+        """Rows not yet published or parked; -1 while the server restarts after a crash (a
+        relay that started before the fault point was reset may still die at it once)."""
+        try:
+            return (pg or self.pg).scalar("SELECT count(*) FROM outbox.outbox_message "
+                                          "WHERE published_at IS NULL AND parked_at IS NULL")
+        except Exception:
+            return -1
 
     def settled(self, pg=None, timeout=300):
         wait_until(lambda: self.pending(pg) == 0, timeout, interval=0.5,
@@ -312,8 +317,11 @@ class Workers(ExactlyOnceTest):
         self.assertRegex(self.pg.log(), r"Kafka committed transaction \d+ of pg_outbox-\S+-\dof2, "
                                         r"which this database had not recorded")
         ids = dict(self.pg.sql("SELECT transactional_id, clean FROM outbox.relay_transaction"))
-        self.assertEqual(sorted(k[-4:] for k in ids), ["1of2", "1of3", "2of2", "2of3", "3of3"])
-        self.assertTrue(all(ids[k] for k in ids if k.endswith("of2")), ids)
+        # The old shares that registered before the crash (one may not have had the time) are
+        # settled and marked clean; the three new ones are in use.
+        self.assertEqual(sorted(k[-4:] for k in ids if k.endswith("of3")), ["1of3", "2of3", "3of3"])
+        old = {k: v for k, v in ids.items() if k.endswith("of2")}
+        self.assertTrue(old and all(old.values()), ids)
         self.check("5_crash_then_workers_2_to_3", "eos.workers", min_written=1000)
 
 
