@@ -77,7 +77,7 @@ using outbox::kafka::report_error;
 
 // The progress topic's last record of each of this database's ids.
 struct Progress {
-    std::map<std::string, std::string> last;
+    std::map<std::string, std::map<int32_t, std::string>> last;  // id -> partition -> value
 };
 
 // Everything the worker keeps between turns.  Allocated once with nothrow
@@ -205,12 +205,18 @@ bool progress_of(const Progress *p, const char *tid, int64 *seq, std::vector<int
         ids->clear();
         auto it = p->last.find(tid);
         if (it == p->last.end()) return true;
-        outbox::progress::Record rec;
-        std::string error;
-        if (!outbox::progress::decode(it->second, rec, error))
-            return report_error(err, errlen, std::string(tid) + ": " + error);
-        *seq = rec.seq;
-        *ids = std::move(rec.ids);
+        // The last record of each partition the id's records are in (one,
+        // unless partitions were added): the highest transaction counts.
+        for (const auto &[partition, value] : it->second) {
+            outbox::progress::Record rec;
+            std::string error;
+            if (!outbox::progress::decode(value, rec, error))
+                return report_error(err, errlen, std::string(tid) + ": " + error);
+            if (rec.seq > *seq) {
+                *seq = rec.seq;
+                *ids = std::move(rec.ids);
+            }
+        }
         return true;
     } catch (const std::exception &e) {
         return report_error(err, errlen, e.what());
@@ -540,11 +546,24 @@ void eos_retry_later(OutboxWorker *w, const char *what, const char *err) {
 // recorded at `pg_seq`, can be settled: false (the reason in r->eos_error)
 // when it cannot be read, or when Kafka holds transactions of it this
 // database never recorded.
-bool eos_check(OutboxWorker *w, const char *tid, int64 pg_seq) {
+bool eos_check(OutboxWorker *w, const char *tid, int64 pg_seq, bool clean) {
     RelayState *r = state(w);
     int64 kafka_seq;
     if (!progress_of(&r->progress, tid, &kafka_seq, &r->ids, r->eos_error, sizeof r->eos_error))
         return false;
+    if (kafka_seq < pg_seq && !clean) {
+        // The relay did not stop cleanly and the topic lacks what this
+        // database recorded: the record of a later transaction may be
+        // missing too, and its rows would go out twice.
+        snprintf(r->eos_error, sizeof r->eos_error,
+                 "outbox.progress_topic holds transaction %lld of %s, this database recorded "
+                 "%lld and its relay did not stop cleanly: was the topic changed or emptied? "
+                 "Set it back; or accept that the last transaction may go out again with "
+                 "UPDATE outbox.relay_transaction SET clean = true WHERE transactional_id = "
+                 "'%s'",
+                 static_cast<long long>(kafka_seq), tid, static_cast<long long>(pg_seq), tid);
+        return false;
+    }
     if (kafka_seq <= pg_seq + 1) return true;
     snprintf(r->eos_error, sizeof r->eos_error,
              "Kafka holds transaction %lld of %s, this database recorded only up to %lld: "
@@ -630,8 +649,8 @@ bool eos_recover(OutboxWorker *w) {
     int64 pg_seq = outbox_txn_lock(r->tid.c_str(), &clean);
     // Every id first: when Kafka is ahead of this database for any, nothing
     // is marked.
-    bool ok = eos_check(w, r->tid.c_str(), pg_seq);
-    for (int i = 0; ok && i < n_stale; i++) ok = eos_check(w, stale[i], stale_seq[i]);
+    bool ok = eos_check(w, r->tid.c_str(), pg_seq, clean);
+    for (int i = 0; ok && i < n_stale; i++) ok = eos_check(w, stale[i], stale_seq[i], false);
     if (!ok) {
         outbox_worker_commit(w);
         eos_stop(w, r->eos_error);
@@ -685,7 +704,7 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
             return acked;
         }
         case TxnOutcome::Aborted:
-            if (produced < 0 && err[0]) {
+            if (err[0] && r->producer->failed_count() == 0) {
                 // Not a record's refusal (those are failures, recorded by
                 // the caller): the progress topic, the coordinator.
                 outbox_stats_error(err);
@@ -825,8 +844,9 @@ bool ensure_producer(OutboxWorker *w) {
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     Producer *p = r->producer.get();
     bool eos = outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE;
-    const char *parts[] = {brokers, config, eos ? "exactly_once" : "at_least_once"};
-    char *settings = outbox_link_settings(parts, 3);
+    const char *parts[] = {brokers, config, eos ? "exactly_once" : "at_least_once",
+                           eos && outbox_progress_topic ? outbox_progress_topic : ""};
+    char *settings = outbox_link_settings(parts, 4);
 
     // Stopped (fenced, or Kafka ahead of this database): not again under
     // the same settings.
@@ -844,6 +864,9 @@ bool ensure_producer(OutboxWorker *w) {
         }
         // Let what is in flight finish for a while; then abandon it (its
         // rows stay pending and go out through the new producer).
+        // Into exactly once: what the idempotent producer has in flight is
+        // waited for, however long (abandoned, it would go out twice).
+        if (p->in_flight() > 0 && eos && !r->eos && !p->fatal()) return false;
         if (p->in_flight() > 0) {
             TimestampTz now = GetCurrentTimestamp();
             if (r->reconfigure_deadline == 0)
@@ -893,9 +916,13 @@ void relay_reload(OutboxWorker *w) {
     RelayState *r = state(w);
     // Off: the relay's commits (marks) do not wait for a WAL flush.  Safe:
     // a lost mark makes a duplicate, never a loss.  On: the server's own
-    // synchronous_commit applies.
-    SetConfigOption("synchronous_commit", outbox_synchronous_commit ? nullptr : "off", PGC_SUSET,
-                    PGC_S_SESSION);
+    // synchronous_commit applies.  Exactly once: always on, whatever the
+    // server says; a crash must not lose the record of a transaction Kafka
+    // committed, or recovery would find Kafka more than one ahead.
+    const char *sync = outbox_delivery == OUTBOX_DELIVERY_EXACTLY_ONCE ? "on"
+                       : outbox_synchronous_commit                     ? nullptr
+                                                                       : "off";
+    SetConfigOption("synchronous_commit", sync, PGC_SUSET, PGC_S_SESSION);
     outbox_link_reload(w, &r->link, "published");
 }
 

@@ -37,7 +37,8 @@ struct Destroy {
 
 bool read_progress(const ClientSettings &client, const std::string &topic,
                    const std::string &prefix, int timeout_ms,
-                   std::map<std::string, std::string> &last, std::string &error) noexcept {
+                   std::map<std::string, std::map<int32_t, std::string>> &last,
+                   std::string &error) noexcept {
     try {
         last.clear();
         Errors errors;
@@ -160,10 +161,10 @@ bool read_progress(const ClientSettings &client, const std::string &topic,
             std::string key(static_cast<const char *>(m->key), m->key_len);
             if (key.compare(0, prefix.size(), prefix) != 0) continue;
             if (!m->payload) {
-                last.erase(key);  // a tombstone
+                last[key].erase(m->partition);  // a tombstone
                 continue;
             }
-            last[key] = std::string(static_cast<const char *>(m->payload), m->len);
+            last[key][m->partition] = std::string(static_cast<const char *>(m->payload), m->len);
         }
         return true;
     } catch (const std::exception &e) {
