@@ -500,6 +500,14 @@ bool await_standbys(OutboxWorker *w) {
     return true;
 }
 
+// Sleeps `ms` (a few) without waking for each commit that sets the latch
+// meanwhile: under load every commit would wake us, and a wake-up costs
+// more than the message it brings.  The latch stays set: the claim sees
+// those commits.
+void gather(long ms) {
+    if (ms > 0) pg_usleep(ms * 1000L);
+}
+
 // ---- exactly once (outbox.delivery = exactly_once; docs/exactly-once.md) ----
 
 // Tests only (outbox.fault_point): dies here as kill -9 would.
@@ -671,22 +679,59 @@ bool eos_recover(OutboxWorker *w) {
     return true;
 }
 
-// Publishes a claim as one Kafka transaction with its progress record; on
-// commit marks its rows and records the transaction, in the caller's
-// transaction.  Returns how many rows were acknowledged.
+// Marks the rows of the open Kafka transaction's records (claimed by this
+// turn: by ctid) and records it as transaction `seq`.  Returns how many.
+std::size_t mark_transaction(OutboxWorker *w, const OutboxClaim *claim, int64 seq) {
+    RelayState *r = state(w);
+    const std::vector<int64_t> &ids = r->producer->transaction_ids();
+    ItemPointerData *tids =
+        static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * (ids.size() + 1)));
+    int64 *by_id = static_cast<int64 *>(palloc(sizeof(int64) * (ids.size() + 1)));
+    int n_tids = 0, n_by_id = 0;
+    for (int64_t id : ids) {
+        if (const ItemPointerData *t = claimed_ctid(claim, id))
+            ItemPointerCopy(t, &tids[n_tids++]);
+        else
+            by_id[n_by_id++] = id;
+    }
+    outbox_relay_mark_claimed(tids, n_tids);
+    outbox_relay_mark_by_id(by_id, n_by_id);
+    outbox_txn_set(r->tid.c_str(), seq, false);
+    return ids.size();
+}
+
+// Publishes a claim as one Kafka transaction with its progress record, and
+// marks its rows in the caller's transaction, kept only if Kafka commits.
+// Returns how many rows were acknowledged.
 std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
     RelayState *r = state(w);
     int64 seq = r->seq + 1;
     char err[1024];
     err[0] = '\0';
+    // Let the coordinator finish the last commit's markers before this
+    // transaction registers its partitions (policy.h); the claim has
+    // already taken part of that time.
+    if (r->last_commit_at > 0) {
+        long since = TimestampDifferenceMilliseconds(r->last_commit_at, GetCurrentTimestamp());
+        if (since < outbox::policy::kTxnSettleMs) gather(outbox::policy::kTxnSettleMs - since);
+    }
     int produced = txn_produce(r, claim->records, static_cast<std::size_t>(claim->n),
                                outbox_progress_topic ? outbox_progress_topic : "", seq, err,
                                sizeof err);
     using outbox::kafka::TxnOutcome;
     TxnOutcome o;
+    std::size_t marked = 0;
     if (produced == 0) {
         fault_point(w, "before_commit");
+        // While librdkafka sends the records, mark their rows in a
+        // subtransaction that only Kafka's commit keeps: the marking costs
+        // no time of its own.  Whatever happens, nothing is visible before
+        // this transaction commits, after Kafka's.
+        OutboxSubtransaction sub = outbox_subtransaction_begin();
+        marked = mark_transaction(w, claim, seq);
+        fault_point(w, "during_mark");
         o = txn_end(r, true, outbox_batch_timeout_ms, err, sizeof err);
+        outbox_subtransaction_end(&sub, o == TxnOutcome::Committed);
     } else {
         char abort_err[512];
         abort_err[0] = '\0';
@@ -698,10 +743,13 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
             r->last_commit_at = GetCurrentTimestamp();
             fault_point(w, "after_commit");
             r->seq = seq;
-            outbox_txn_set(r->tid.c_str(), seq, false);
-            std::size_t acked = record_outcomes(w, claim);
-            fault_point(w, "during_mark");
-            return acked;
+            // Marked already: only the counts (refusals are recorded by
+            // the caller).
+            r->producer->forget_batch_acked();
+            r->turn_acked += marked;
+            r->backoff_ms = 0;
+            r->next_claim_at = 0;
+            return marked;
         }
         case TxnOutcome::Aborted:
             if (err[0] && r->producer->failed_count() == 0) {
@@ -944,14 +992,6 @@ long linger_for(double rate) {
     return Max(0L, Min(static_cast<long>(outbox_linger_ms), ms));
 }
 
-// Sleeps `ms` (a few) without waking for each commit that sets the latch
-// meanwhile: under load every commit would wake us, and a wake-up costs
-// more than the message it brings.  The latch stays set: the claim sees
-// those commits.
-void gather(long ms) {
-    if (ms > 0) pg_usleep(ms * 1000L);
-}
-
 long relay_turn(OutboxWorker *w) {
     RelayState *r = state(w);
     bool may_claim = ensure_producer(w);
@@ -999,12 +1039,6 @@ long relay_turn(OutboxWorker *w) {
     bool busy = r->last_batch_end > 0 && !r->last_batch_full &&
                 TimestampDifferenceMilliseconds(r->last_batch_end, now) < outbox::policy::kBusyWindowMs;
     if (busy) gather(linger_for(r->rate));
-    // Exactly once: let the coordinator finish the last commit's markers
-    // before this transaction registers its partitions (policy.h).
-    if (r->eos && r->last_commit_at > 0) {
-        long since = TimestampDifferenceMilliseconds(r->last_commit_at, GetCurrentTimestamp());
-        if (since < outbox::policy::kTxnSettleMs) gather(outbox::policy::kTxnSettleMs - since);
-    }
     int claimed = run_batch(w);
     if (claimed < 0) return outbox_poll_interval_ms;
     TimestampTz ended = GetCurrentTimestamp();

@@ -363,6 +363,22 @@ bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
     return ok;
 }
 
+OutboxSubtransaction outbox_subtransaction_begin(void) {
+    OutboxSubtransaction s = {CurrentMemoryContext, CurrentResourceOwner};
+    BeginInternalSubTransaction(nullptr);
+    MemoryContextSwitchTo(s.cxt);
+    return s;
+}
+
+void outbox_subtransaction_end(const OutboxSubtransaction *s, bool keep) {
+    if (keep)
+        ReleaseCurrentSubTransaction();
+    else
+        RollbackAndReleaseCurrentSubTransaction();
+    MemoryContextSwitchTo(s->cxt);
+    CurrentResourceOwner = s->owner;
+}
+
 namespace {
 
 // The worker's label for log lines, "pg outbox relay 2 [app]"; true when it

@@ -36,6 +36,7 @@
 
 extern "C" {
 #include "storage/latch.h"
+#include "utils/resowner.h"
 }
 
 // Schema versions as outbox_schema_version() gives them: 100 for 1.0, 110
@@ -153,6 +154,17 @@ bool outbox_worker_load_secrets(OutboxWorker *w, std::vector<outbox::kafka::Prop
 // *sqlerrcode (when given).
 bool outbox_worker_subtransaction(void (*fn)(void *), void *arg, char **error,
                                   int *sqlerrcode = nullptr);
+
+// A subtransaction held open across other work (the relay marks a Kafka
+// transaction's rows while Kafka commits it): begun, then ended keeping
+// what it did or rolling it back.  An ERROR inside it aborts the whole
+// transaction, as any ERROR of a worker does.
+struct OutboxSubtransaction {
+    MemoryContext cxt;
+    ResourceOwner owner;
+};
+OutboxSubtransaction outbox_subtransaction_begin(void);
+void outbox_subtransaction_end(const OutboxSubtransaction *s, bool keep);
 
 // The search_path a session of this database starts with (its ALTER
 // DATABASE setting, else postgresql.conf's): what user code (handlers) runs

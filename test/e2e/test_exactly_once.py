@@ -261,9 +261,11 @@ class Faults(ExactlyOnceTest):
                                         r"marked published")
 
     def test_4c_killed_during_the_mark(self):
-        """SIGKILL after the marks, before Postgres committed them: the same as 4b."""
+        """SIGKILL after the relay marked the batch's rows, while Kafka still takes its records
+        and before the Kafka commit: the marks die with the Postgres transaction, the new
+        relay's registration aborts the Kafka one, and the rows go again. A mark that outlived
+        its Kafka transaction would show as lost messages."""
         self.run_fault("during_mark", "eos.kill.mark")
-        self.assertIn("which this database had not recorded", self.pg.log())
 
 
 class Coordinator(ExactlyOnceTest):

@@ -153,6 +153,9 @@ public:
     // nothing is acknowledged; replace the producer.  `error` says why when
     // not Committed.
     TxnOutcome commit_transaction(int timeout_ms, std::string &error) noexcept;
+    // After a commit whose rows the caller marked already: the
+    // acknowledged list emptied (refusals stay).
+    void forget_batch_acked() noexcept { acked_.clear(); }
     // Aborts the open transaction (when the batch cannot be committed).
     TxnOutcome abort_transaction(int timeout_ms, std::string &error) noexcept;
     bool transactional() const noexcept { return transactional_; }
