@@ -67,7 +67,7 @@ def main():
         kafka.create_topic("pg_outbox_progress", partitions=1, cleanup_policy="compact")
         targets = {"at_least_once, Apache Kafka 4.1.1, 3 nodes": (kafka, "at_least_once"),
                    "exactly_once, same cluster": (kafka, "exactly_once")}
-    pg = PgCluster({"outbox.brokers": f"'{mock.bootstrap}'", "fsync": "on",
+    pg = PgCluster({**bench.COMMIT_TS, "outbox.brokers": f"'{mock.bootstrap}'", "fsync": "on",
                     "synchronous_commit": "on", "autovacuum_naptime": "'10s'",
                     "shared_buffers": "'512MB'", "max_wal_size": "'8GB'",
                     "checkpoint_timeout": "'30min'"}, name="outbox-bench-real")
