@@ -123,7 +123,7 @@ struct RelayState {
     char *stopped_settings = nullptr;
     outbox::SaidOnce said_eos;
     Progress progress;          // recovery's reading of the progress topic
-    std::vector<int64_t> ids;   // one transaction's rows, from its record
+    outbox::progress::Record txn;  // one transaction's record (recovery)
     bool eos_unknown = false;   // the last commit's outcome is open: replace the producer
     bool eos_fenced = false;    // fenced during this turn: stop after it
     TimestampTz last_commit_at = 0;  // of the last Kafka transaction
@@ -196,13 +196,12 @@ bool read_progress(RelayState *r, Progress *out, const char *brokers, const char
     }
 }
 
-// What the progress topic says of `tid`: false with the reason when its
-// record cannot be read; *seq 0 when it has none.
-bool progress_of(const Progress *p, const char *tid, int64 *seq, std::vector<int64_t> *ids,
-                 char *err, std::size_t errlen) noexcept {
+// What the progress topic says of `tid`: its last transaction (seq 0 when
+// it has none); false with the reason when its record cannot be read.
+bool progress_of(const Progress *p, const char *tid, outbox::progress::Record *out, char *err,
+                 std::size_t errlen) noexcept {
     try {
-        *seq = 0;
-        ids->clear();
+        *out = outbox::progress::Record{};
         auto it = p->last.find(tid);
         if (it == p->last.end()) return true;
         // The last record of each partition the id's records are in (one,
@@ -212,10 +211,7 @@ bool progress_of(const Progress *p, const char *tid, int64 *seq, std::vector<int
             std::string error;
             if (!outbox::progress::decode(value, rec, error))
                 return report_error(err, errlen, std::string(tid) + ": " + error);
-            if (rec.seq > *seq) {
-                *seq = rec.seq;
-                *ids = std::move(rec.ids);
-            }
+            if (rec.seq > out->seq) *out = std::move(rec);
         }
         return true;
     } catch (const std::exception &e) {
@@ -230,7 +226,8 @@ bool produce_progress(RelayState *r, const char *topic, int64 seq, char *err,
     try {
         std::string error;
         if (r->producer->produce_progress(topic, r->tid,
-                                          outbox::progress::encode(seq, r->producer->transaction_ids()),
+                                          outbox::progress::encode(seq, r->producer->transaction_ids(),
+                                                                  r->producer->transaction_digest()),
                                           error))
             return true;
         return report_error(err, errlen, error);
@@ -297,8 +294,7 @@ void set_tids(RelayState *r, uint64 system_identifier, const char *dbname, Outbo
 
 void forget_progress(RelayState *r) noexcept {
     r->progress.last.clear();
-    r->ids.clear();
-    r->ids.shrink_to_fit();
+    r->txn = outbox::progress::Record{};
 }
 
 // ---- Postgres side ----
@@ -556,9 +552,9 @@ void eos_retry_later(OutboxWorker *w, const char *what, const char *err) {
 // database never recorded.
 bool eos_check(OutboxWorker *w, const char *tid, int64 pg_seq, bool clean) {
     RelayState *r = state(w);
-    int64 kafka_seq;
-    if (!progress_of(&r->progress, tid, &kafka_seq, &r->ids, r->eos_error, sizeof r->eos_error))
+    if (!progress_of(&r->progress, tid, &r->txn, r->eos_error, sizeof r->eos_error))
         return false;
+    int64 kafka_seq = r->txn.seq;
     if (kafka_seq < pg_seq && !clean) {
         // The relay did not stop cleanly and the topic lacks what this
         // database recorded: the record of a later transaction may be
@@ -571,6 +567,28 @@ bool eos_check(OutboxWorker *w, const char *tid, int64 pg_seq, bool clean) {
                  "'%s'",
                  static_cast<long long>(kafka_seq), tid, static_cast<long long>(pg_seq), tid);
         return false;
+    }
+    if (kafka_seq == pg_seq + 1 && r->txn.has_digest) {
+        // The transaction to settle must have carried this database's rows
+        // of those ids: a copy of it that wrote rows of its own (a split
+        // brain) has other messages under the same ids, which Kafka never
+        // saw.
+        int found = 0;
+        uint64 digest = outbox_txn_rows_digest(r->txn.ids.data(),
+                                               static_cast<int>(r->txn.ids.size()), &found);
+        if (digest != r->txn.digest) {
+            snprintf(r->eos_error, sizeof r->eos_error,
+                     "Kafka committed transaction %lld of %s with other messages than this "
+                     "database's rows of its %zu ids (%d of them here): another server with "
+                     "this database's identity wrote and published after this one's state was "
+                     "taken (a split brain), or those rows were deleted. Nothing was marked. "
+                     "If this database is the one to keep, accept that its own rows of those "
+                     "ids go out with UPDATE outbox.relay_transaction SET seq = %lld WHERE "
+                     "transactional_id = '%s'",
+                     static_cast<long long>(kafka_seq), tid, r->txn.ids.size(), found,
+                     static_cast<long long>(kafka_seq), tid);
+            return false;
+        }
     }
     if (kafka_seq <= pg_seq + 1) return true;
     snprintf(r->eos_error, sizeof r->eos_error,
@@ -587,14 +605,14 @@ bool eos_check(OutboxWorker *w, const char *tid, int64 pg_seq, bool clean) {
 // Returns the seq to go on from.
 int64 eos_settle(OutboxWorker *w, const char *tid, int64 pg_seq) {
     RelayState *r = state(w);
-    int64 kafka_seq;
-    if (!progress_of(&r->progress, tid, &kafka_seq, &r->ids, r->eos_error, sizeof r->eos_error))
+    if (!progress_of(&r->progress, tid, &r->txn, r->eos_error, sizeof r->eos_error))
         ereport(ERROR, (errmsg("pg outbox: %s", r->eos_error)));
+    int64 kafka_seq = r->txn.seq;
     if (kafka_seq == pg_seq + 1) {
-        outbox_relay_mark_by_id(r->ids.data(), static_cast<int>(r->ids.size()));
+        outbox_relay_mark_by_id(r->txn.ids.data(), static_cast<int>(r->txn.ids.size()));
         ereport(LOG, (errmsg("%s: Kafka committed transaction %lld of %s, which this database "
                              "had not recorded: its %zu messages are marked published",
-                             w->label, static_cast<long long>(kafka_seq), tid, r->ids.size())));
+                             w->label, static_cast<long long>(kafka_seq), tid, r->txn.ids.size())));
         return kafka_seq;
     }
     if (kafka_seq < pg_seq)

@@ -8,7 +8,9 @@ namespace outbox::progress {
 
 namespace {
 
-constexpr std::string_view kMagic = "pg_outbox progress 1 seq=";
+constexpr std::string_view kMagic1 = "pg_outbox progress 1 seq=";
+constexpr std::string_view kMagic = "pg_outbox progress 2 seq=";
+static_assert(kMagic1.size() == kMagic.size());
 constexpr std::size_t kMaxIds = 10'000'000;
 
 bool number(std::string_view &s, int64_t &out) {
@@ -41,11 +43,35 @@ bool parse_transactional_id(std::string_view id, std::string_view prefix, int &s
     return true;
 }
 
-std::string encode(int64_t seq, std::vector<int64_t> ids) {
+uint64_t row_digest(int64_t id, std::string_view message_id) noexcept {
+    // FNV-1a over the id's 8 bytes (little-endian) and the text, then
+    // splitmix64's finaliser so that a sum of them spreads over all bits.
+    uint64_t h = 14695981039346656037ULL;
+    auto add = [&h](unsigned char c) {
+        h ^= c;
+        h *= 1099511628211ULL;
+    };
+    uint64_t u = static_cast<uint64_t>(id);
+    for (int i = 0; i < 8; ++i) add(static_cast<unsigned char>(u >> (8 * i)));
+    for (char c : message_id) add(static_cast<unsigned char>(c));
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+    return h;
+}
+
+std::string encode(int64_t seq, std::vector<int64_t> ids, uint64_t digest) {
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     std::string out(kMagic);
     out += std::to_string(seq);
+    char hex[17];
+    for (int i = 0; i < 16; ++i) hex[i] = "0123456789abcdef"[(digest >> (60 - 4 * i)) & 0xf];
+    hex[16] = '\0';
+    out += " digest=";
+    out += hex;
     out += " ids=";
     for (std::size_t i = 0; i < ids.size();) {
         std::size_t j = i;
@@ -63,12 +89,38 @@ std::string encode(int64_t seq, std::vector<int64_t> ids) {
 
 bool decode(std::string_view value, Record &out, std::string &error) {
     out = Record{};
-    if (value.substr(0, kMagic.size()) != kMagic) {
+    bool v2 = value.substr(0, kMagic.size()) == kMagic;
+    if (!v2 && value.substr(0, kMagic1.size()) != kMagic1) {
         error = "not a pg outbox progress record";
         return false;
     }
-    std::string_view s = value.substr(kMagic.size());
-    if (!number(s, out.seq) || out.seq < 1 || s.substr(0, 5) != " ids=") {
+    std::string_view s = value.substr(kMagic.size());  // both magics are as long
+    if (!number(s, out.seq) || out.seq < 1) {
+        error = "progress record without a valid seq";
+        return false;
+    }
+    if (v2) {
+        constexpr std::string_view kDigest = " digest=";
+        if (s.substr(0, kDigest.size()) != kDigest || s.size() < kDigest.size() + 16) {
+            error = "progress record without a valid digest";
+            return false;
+        }
+        s.remove_prefix(kDigest.size());
+        uint64_t d = 0;
+        for (int i = 0; i < 16; ++i) {
+            char c = s[static_cast<std::size_t>(i)];
+            int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (v < 0) {
+                error = "progress record without a valid digest";
+                return false;
+            }
+            d = d << 4 | static_cast<uint64_t>(v);
+        }
+        s.remove_prefix(16);
+        out.has_digest = true;
+        out.digest = d;
+    }
+    if (s.substr(0, 5) != " ids=") {
         error = "progress record without a valid seq";
         return false;
     }

@@ -1,6 +1,7 @@
 #include "outbox/pure_tu.h"
 #include "outbox/kafka/producer.h"
 
+#include "outbox/common/progress.h"
 #include "outbox/json/headers.h"
 #include "outbox/kafka/config.h"
 
@@ -279,7 +280,10 @@ void Producer::produce_one(const Record &r) {
             RD_KAFKA_V_KEY(r.key, r.key ? r.key_len : 0), RD_KAFKA_V_HEADERS(hdrs),
             RD_KAFKA_V_OPAQUE(slot_opaque(generation_, index)), RD_KAFKA_V_END);
         if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {  // librdkafka owns hdrs now
-            if (transactional_) txn_ids_.push_back(r.id);
+            if (transactional_) {
+                txn_ids_.push_back(r.id);
+                txn_digest_ += progress::row_digest(r.id, r.event_id ? r.event_id : "");
+            }
             return;
         }
         rd_kafka_headers_destroy(hdrs);
@@ -524,6 +528,7 @@ bool Producer::init_transactions(int timeout_ms, std::string &error, bool &fence
 bool Producer::begin_transaction(std::string &error) noexcept {
     try {
         txn_ids_.clear();
+        txn_digest_ = 0;
         progress_error_.clear();
         rd_kafka_error_t *e = rd_kafka_begin_transaction(rk_);
         if (!e) return true;
@@ -563,6 +568,7 @@ void Producer::end_transaction_bookkeeping() noexcept {
     in_flight_ = 0;
     acked_late_.clear();
     txn_ids_.clear();
+    txn_digest_ = 0;
 }
 
 TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noexcept {

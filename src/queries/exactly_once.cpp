@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "outbox/common/progress.h"
 #include "outbox/queries/spi.h"
 
 extern "C" {
@@ -32,7 +33,29 @@ OutboxQuery stale_query = {
     " AND transactional_id <> ALL ($2) ORDER BY transactional_id FOR UPDATE",
     2, {TEXTOID, TEXTARRAYOID}, SPI_OK_SELECT, nullptr};
 
+OutboxQuery rows_query = {
+    "reading the rows of a Kafka transaction",
+    "SELECT id, message_id::text FROM outbox.outbox_message WHERE id = ANY ($1)",
+    1, {INT8ARRAYOID}, SPI_OK_SELECT, nullptr};
+
 }  // namespace
+
+uint64 outbox_txn_rows_digest(const int64 *ids, int n, int *found) {
+    *found = 0;
+    if (n == 0) return 0;
+    Datum args[1] = {outbox_int8_array(ids, n)};
+    uint64 rows = outbox_run(&rows_query, args, nullptr, 0);
+    uint64 digest = 0;
+    for (uint64 i = 0; i < rows; i++) {
+        bool isnull;
+        int64 id = DatumGetInt64(outbox_col(i, 1, &isnull));
+        char *message_id = outbox_col_text(i, 2);
+        digest += outbox::progress::row_digest(id, message_id);
+        pfree(message_id);
+    }
+    *found = static_cast<int>(rows);
+    return digest;
+}
 
 int64 outbox_txn_lock(const char *tid, bool *clean) {
     Datum args[1] = {CStringGetTextDatum(tid)};

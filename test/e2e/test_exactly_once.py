@@ -420,6 +420,59 @@ class Fencing(ExactlyOnceTest):
         self.settled(timeout=180)
         self.check("7_base_backup_beside_the_primary", "eos.copy", min_written=250)
 
+    def test_7b_a_copy_that_wrote_its_own_rows_is_not_fooled_by_one_transaction_ahead(self):
+        """A split brain one transaction deep: a base backup of the primary takes writes of its
+        own while its relay has no brokers, and the primary publishes exactly one more Kafka
+        transaction, whose rows have the same ids as some of the copy's rows (each server goes
+        on from the same sequence). When the copy's relay recovers, Kafka is one transaction
+        ahead of it, as after a crash; but that transaction carried the primary's messages, not
+        the copy's. The copy must stop and mark none of its own rows: a row marked published
+        that no Kafka record carried is a lost message."""
+        KAFKA.create_topic("eos.split", partitions=2)
+        with open(os.path.join(self.pg.data, "pg_hba.conf"), "a") as f:
+            f.write("local replication all trust\n")
+        self.pg.reload()
+        for i in range(100):
+            self.pg.sql("SELECT outbox.write('eos.split', %s, '{}')", (f"k{i % 10}",))
+        self.settled()
+        tid = self.pg.scalar("SELECT transactional_id FROM outbox.relay_transaction")
+        seq = self.pg.scalar("SELECT seq FROM outbox.relay_transaction")
+        copy = PgCluster({}, name="outbox-eos-split")
+        self.others.append(copy)
+        subprocess.run(as_postgres(["rm", "-rf", copy.data]), check=True)
+        subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_basebackup"), "-h", self.pg.dir,
+                                    "-p", str(self.pg.port), "-U", "postgres", "-D", copy.data,
+                                    "-X", "stream"]), check=True)
+        copy.append_conf({"port": copy.port, "unix_socket_directories": f"'{copy.dir}'",
+                          "outbox.brokers": "''"})
+        copy.start()
+        # The copy's own messages, and the primary's: one commit each, so the primary's relay
+        # takes its 200 rows in one claim, one Kafka transaction.
+        write200 = ("SELECT count(outbox.write('eos.split', 'k' || pg_catalog.mod(g, 10), "
+                    "pg_catalog.jsonb_build_object('server', %s::text, 'n', g))) "
+                    "FROM pg_catalog.generate_series(1, 200) g")
+        copy.sql(write200, ("copy",))
+        self.pg.sql(write200, ("primary",))
+        self.settled()
+        self.assertEqual(self.pg.scalar("SELECT seq FROM outbox.relay_transaction"), seq + 1,
+                         "the primary published its 200 rows as one transaction")
+        same_ids = set(r[0] for r in self.pg.sql(
+            "SELECT id FROM outbox.outbox_message WHERE payload->>'server' = 'primary'")) & set(
+            r[0] for r in copy.sql(
+                "SELECT id FROM outbox.outbox_message WHERE payload->>'server' = 'copy'"))
+        self.assertGreater(len(same_ids), 100, "the two servers used the same ids")
+        self.assertEqual(self.pending(copy), 200)
+        copy.sql(f"ALTER SYSTEM SET outbox.brokers = '{KAFKA.bootstrap}'")
+        copy.reload()
+        wait_until(lambda: "stops publishing" in copy.log() or self.pending(copy) < 200, 120,
+                   what="the copy's relay recovered or stopped")
+        time.sleep(2)
+        self.assertEqual(self.pending(copy), 200,
+                         "the copy marked its own messages as if Kafka had them")
+        self.assertIn("stops publishing", copy.log())
+        self.assertIn("other messages", copy.log())
+        self.assertIn(tid, copy.log())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -28,14 +28,26 @@ bool parse_transactional_id(std::string_view id, std::string_view prefix, int &s
 struct Record {
     int64_t seq = 0;
     std::vector<int64_t> ids;  // ascending
+    // What the rows were: the sum of row_digest() of each (records of
+    // format 1 have none).  Recovery compares it with its own rows of those
+    // ids, so that a copy of the database whose rows of those ids are other
+    // messages (a split brain) does not mark them.
+    bool has_digest = false;
+    uint64_t digest = 0;
 };
 
-// The record's value: "pg_outbox progress 1 seq=<n> ids=<a>-<b>,<c>,..."
-// (runs of consecutive ids as ranges, so a batch of 1,000 rows that follow
-// each other is a few bytes).  `ids` need not be sorted.
-std::string encode(int64_t seq, std::vector<int64_t> ids);
+// One row's part of a Record's digest: a 64-bit hash of its id and its
+// message_id as text.  Summed (mod 2^64), so the order does not matter.
+uint64_t row_digest(int64_t id, std::string_view message_id) noexcept;
 
-// false, and why, when `value` is not such a record.
+// The record's value: "pg_outbox progress 2 seq=<n> digest=<16 hex>
+// ids=<a>-<b>,<c>,..." (runs of consecutive ids as ranges, so a batch of
+// 1,000 rows that follow each other is a few bytes).  `ids` need not be
+// sorted.
+std::string encode(int64_t seq, std::vector<int64_t> ids, uint64_t digest);
+
+// false, and why, when `value` is not such a record (format 1, without
+// the digest, is read too).
 bool decode(std::string_view value, Record &out, std::string &error);
 
 }  // namespace outbox::progress

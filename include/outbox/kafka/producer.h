@@ -144,6 +144,9 @@ public:
     // The ids of the records produce() handed to librdkafka in this
     // transaction.
     const std::vector<int64_t> &transaction_ids() const noexcept { return txn_ids_; }
+    // The sum of progress::row_digest() of those rows (their progress
+    // record carries it).
+    uint64_t transaction_digest() const noexcept { return txn_digest_; }
     // Adds the transaction's progress record (not a row of the outbox).
     bool produce_progress(const std::string &topic, const std::string &key,
                           const std::string &value, std::string &error) noexcept;
@@ -233,6 +236,7 @@ private:
     bool fenced_ = false;
     bool transactional_ = false;
     std::vector<int64_t> txn_ids_;      // produced in the open transaction
+    uint64_t txn_digest_ = 0;           // and what they were
     // Transactional mode: topics the brokers said exist, and those they
     // said do not, in this batch.  A record for a topic that does not exist
     // would wait in librdkafka past the commit's timeout (auto-create off):

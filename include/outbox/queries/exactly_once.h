@@ -17,3 +17,7 @@ void outbox_txn_set(const char *tid, int64 seq, bool clean);
 // are none of `current` (n of them): locked, in order.  Palloc'd.
 int outbox_txn_lock_stale(const char *prefix, const char *const *current, int n,
                           char ***tids, int64 **seqs);
+
+// The sum of progress::row_digest() of this database's rows with ids `ids`
+// (n of them, published or not); *found: how many of them exist.
+uint64 outbox_txn_rows_digest(const int64 *ids, int n, int *found);
