@@ -99,8 +99,13 @@ def free_port():
 
 
 def cluster_id():
-    """A KRaft cluster id: 16 random bytes in URL-safe base64, as kafka-storage random-uuid."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes in URL-safe base64, as kafka-storage random-uuid,
+    never starting with '-' (as Kafka's Uuid.randomUuid): `format -t -x...` would read it as an
+    option and print its usage, one cluster start in 64."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 class Tls:
