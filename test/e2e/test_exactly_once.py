@@ -383,23 +383,29 @@ class Fencing(ExactlyOnceTest):
         self.settled(timeout=180)
         self.check("6_fenced_then_restarted", "eos.fence", min_written=100)
 
-    def test_7_a_base_backup_started_beside_the_primary_sends_no_duplicate(self):
-        """A base backup of the primary (same system identifier, same transactional ids) started
-        while the primary's relay runs: whichever registers last fences the other; the copy,
-        behind Kafka, stops publishing; no duplicate reaches a read_committed consumer."""
-        KAFKA.create_topic("eos.copy", partitions=2)
+    def published_then_copied(self, topic, name):
+        """100 messages of `topic` published, then a base backup of the primary taken (not
+        started) into a new cluster `name`."""
+        KAFKA.create_topic(topic, partitions=2)
         with open(os.path.join(self.pg.data, "pg_hba.conf"), "a") as f:
             f.write("local replication all trust\n")
         self.pg.reload()
         for i in range(100):
-            self.pg.sql("SELECT outbox.write('eos.copy', %s, '{}')", (f"k{i % 10}",))
+            self.pg.sql("SELECT outbox.write(%s, %s, '{}')", (topic, f"k{i % 10}"))
         self.settled()
-        copy = PgCluster({}, name="outbox-eos-copy")
+        copy = PgCluster({}, name=name)
         self.others.append(copy)
         subprocess.run(as_postgres(["rm", "-rf", copy.data]), check=True)
         subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_basebackup"), "-h", self.pg.dir,
                                     "-p", str(self.pg.port), "-U", "postgres", "-D", copy.data,
                                     "-X", "stream"]), check=True)
+        return copy
+
+    def test_7_a_base_backup_started_beside_the_primary_sends_no_duplicate(self):
+        """A base backup of the primary (same system identifier, same transactional ids) started
+        while the primary's relay runs: whichever registers last fences the other; the copy,
+        behind Kafka, stops publishing; no duplicate reaches a read_committed consumer."""
+        copy = self.published_then_copied("eos.copy", "outbox-eos-copy")
         # The primary goes on: two transactions or more past what the copy recorded.
         for start in (100, 150):
             for i in range(start, start + 50):
@@ -428,21 +434,9 @@ class Fencing(ExactlyOnceTest):
         ahead of it, as after a crash; but that transaction carried the primary's messages, not
         the copy's. The copy must stop and mark none of its own rows: a row marked published
         that no Kafka record carried is a lost message."""
-        KAFKA.create_topic("eos.split", partitions=2)
-        with open(os.path.join(self.pg.data, "pg_hba.conf"), "a") as f:
-            f.write("local replication all trust\n")
-        self.pg.reload()
-        for i in range(100):
-            self.pg.sql("SELECT outbox.write('eos.split', %s, '{}')", (f"k{i % 10}",))
-        self.settled()
+        copy = self.published_then_copied("eos.split", "outbox-eos-split")
         tid = self.pg.scalar("SELECT transactional_id FROM outbox.relay_transaction")
         seq = self.pg.scalar("SELECT seq FROM outbox.relay_transaction")
-        copy = PgCluster({}, name="outbox-eos-split")
-        self.others.append(copy)
-        subprocess.run(as_postgres(["rm", "-rf", copy.data]), check=True)
-        subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_basebackup"), "-h", self.pg.dir,
-                                    "-p", str(self.pg.port), "-U", "postgres", "-D", copy.data,
-                                    "-X", "stream"]), check=True)
         copy.append_conf({"port": copy.port, "unix_socket_directories": f"'{copy.dir}'",
                           "outbox.brokers": "''"})
         copy.start()
