@@ -34,7 +34,15 @@ SELECT outbox.write('order.events', 'ctl', jsonb_build_object('x', repeat(chr(1)
 SELECT outbox.write('order.events', repeat('k', 1100000), '{}');
 SELECT outbox.write('order.events', 'k', '{}', jsonb_build_object('h', repeat(chr(1), 200000)));
 SELECT outbox.write('order.events', 'k', '{}', jsonb_build_object('h', repeat(chr(1), 5000000)));
+-- A message on outbox.progress_topic, keyed like a relay's transactional id,
+-- would become that id's last progress record (another share's transaction
+-- carries it) and stop that relay at its next recovery: refused, whatever
+-- the delivery mode, naming the setting.
+SELECT outbox.write('pg_outbox_progress', 'pg_outbox-1-regression-2of2', '{"x": 1}');
 RESET ROLE;
+-- Nor may the owner put one there with write_bytes().
+SELECT outbox.write_bytes('pg_outbox_progress', 'k'::bytea, NULL);
+SELECT count(*) AS on_progress_topic FROM outbox.outbox_message WHERE topic = 'pg_outbox_progress';
 -- write_bytes()'s key too (as a superuser: the attacker may not call it).
 SELECT outbox.write_bytes('order.events', decode(repeat('00', 1100000), 'hex'), NULL);
 SET outbox.max_message_bytes = '10MB';  -- a superuser may

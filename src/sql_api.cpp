@@ -172,6 +172,7 @@ void check_key_size(const char *function, Datum key, bool is_text) {
 void common_arguments(const char *fn, FunctionCallInfo fcinfo, OutboxNewMessage *m) {
     if (PG_ARGISNULL(0)) outbox_null_argument(fn, "topic");
     outbox_check_topic(fn, PG_GETARG_TEXT_PP(0));
+    outbox_check_not_progress_topic(fn, PG_GETARG_TEXT_PP(0));
     m->topic = PG_GETARG_DATUM(0);
     Datum headers;
     if (PG_ARGISNULL(3)) {

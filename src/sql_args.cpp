@@ -1,6 +1,9 @@
 #include "outbox/common/topic.h"
 
+#include "outbox/guc.h"
 #include "outbox/sql_args.h"
+
+#include <cstring>
 
 extern "C" {
 #include "utils/builtins.h"
@@ -19,4 +22,17 @@ void outbox_check_topic(const char *function, text *topic) {
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                         errmsg("%s: invalid topic \"%s\"", function, text_to_cstring(topic)),
                         errdetail("%s.", why)));
+}
+
+void outbox_check_not_progress_topic(const char *function, text *topic) {
+    const char *progress = outbox_progress_topic;
+    std::size_t len = VARSIZE_ANY_EXHDR(topic);
+    if (progress && progress[0] && strlen(progress) == len &&
+        memcmp(progress, VARDATA_ANY(topic), len) == 0)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s: topic \"%s\" is outbox.progress_topic", function, progress),
+                        errdetail("Exactly-once relays record their progress there; a message "
+                                  "on it could stop them."),
+                        errhint("Write to another topic, or set outbox.progress_topic to a "
+                                "topic that no message uses.")));
 }

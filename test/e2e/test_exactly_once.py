@@ -468,5 +468,46 @@ class Fencing(ExactlyOnceTest):
         self.assertIn(tid, copy.log())
 
 
+class ProgressTopicRows(ExactlyOnceTest):
+    def test_10_a_row_on_the_progress_topic_is_parked_not_sent(self):
+        """outbox.write refuses the progress topic (sql/hostile.sql); a row that is there all
+        the same (written before outbox.progress_topic named that topic, or not through
+        outbox.write) is parked by the relay, never sent: keyed like another share's
+        transactional id it would become that id's last progress record, which recovery
+        cannot read, and that relay would stop for good (the topic is compacted)."""
+        KAFKA.create_topic("eos.beside", partitions=2)
+        for i in range(20):
+            self.pg.sql("SELECT outbox.write('eos.beside', %s, '{}')", (f"k{i}",))
+        self.settled()
+        tids = [r[0] for r in self.pg.sql(
+            "SELECT transactional_id FROM outbox.relay_transaction ORDER BY 1")]
+        conn = self.pg.connect()
+        with conn, conn.cursor() as cur:  # one transaction: no relay sees the row before
+            for tid in tids:
+                cur.execute("SELECT outbox.write('eos.beside', %s, '{\"x\": 1}')", (tid,))
+                cur.execute("UPDATE outbox.outbox_message SET topic = %s WHERE message_id = %s",
+                            (PROGRESS, cur.fetchone()[0]))
+        conn.close()
+        for i in range(20, 40):
+            self.pg.sql("SELECT outbox.write('eos.beside', %s, '{}')", (f"k{i}",))
+        self.settled()
+        parked = self.pg.sql("SELECT parked_at IS NOT NULL, last_error FROM "
+                             "outbox.outbox_message WHERE topic = %s", (PROGRESS,))
+        self.assertEqual(len(parked), len(tids))
+        for is_parked, error in parked:
+            self.assertTrue(is_parked, "a row on the progress topic was sent")
+            self.assertIn("outbox.progress_topic", error)
+        self.assertFalse([r for r in KAFKA.dump(PROGRESS, "read_committed")
+                          if (r["key"] or b"").decode() in tids
+                          and not (r["value"] or b"").startswith(b"pg_outbox progress")],
+                         "a record on the progress topic that is no progress record")
+        n = len(self.pg.log())
+        self.pg.restart()
+        wait_until(lambda: self.pg.log()[n:].count("publishing exactly once as") == len(tids),
+                   120, what="every relay recovered")
+        self.assertNotIn("stops publishing", self.pg.log()[n:])
+        self.check("10_progress_topic_row_parked", "eos.beside", min_written=40)
+
+
 if __name__ == "__main__":
     unittest.main()
