@@ -1,4 +1,5 @@
 #include <climits>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -183,6 +184,11 @@ bool check_default_headers(char **newval, void **, GucSource) {
 }
 
 }  // namespace
+
+bool outbox_is_progress_topic(const char *topic, std::size_t len) noexcept {
+    const char *progress = outbox_progress_topic;
+    return progress && progress[0] && strlen(progress) == len && memcmp(progress, topic, len) == 0;
+}
 
 void outbox_define_gucs(void) {
     DefineCustomStringVariable(

@@ -3,8 +3,6 @@
 #include "outbox/guc.h"
 #include "outbox/sql_args.h"
 
-#include <cstring>
-
 extern "C" {
 #include "utils/builtins.h"
 }
@@ -25,12 +23,10 @@ void outbox_check_topic(const char *function, text *topic) {
 }
 
 void outbox_check_not_progress_topic(const char *function, text *topic) {
-    const char *progress = outbox_progress_topic;
-    std::size_t len = VARSIZE_ANY_EXHDR(topic);
-    if (progress && progress[0] && strlen(progress) == len &&
-        memcmp(progress, VARDATA_ANY(topic), len) == 0)
+    if (outbox_is_progress_topic(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)))
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("%s: topic \"%s\" is outbox.progress_topic", function, progress),
+                        errmsg("%s: topic \"%s\" is outbox.progress_topic", function,
+                               outbox_progress_topic),
                         errdetail("Exactly-once relays record their progress there; a message "
                                   "on it could stop them."),
                         errhint("Write to another topic, or set outbox.progress_topic to a "

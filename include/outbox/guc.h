@@ -59,6 +59,10 @@ enum OutboxWalCompression {
 // for "server" (the server's own setting applies).
 const char *outbox_wal_compression_value(void);
 
+// Whether a topic name (`len` bytes) is outbox.progress_topic: the
+// exactly-once relays' own, where no message may go.
+bool outbox_is_progress_topic(const char *topic, std::size_t len) noexcept;
+
 // True in every process of a server started with shared_preload_libraries
 // = 'outbox' (set by _PG_init in the postmaster, inherited by its children).
 extern bool outbox_preloaded;

@@ -3,8 +3,6 @@
 #include "outbox/common/hex.h"
 #include "outbox/policy.h"
 
-#include <cstring>
-
 #include "outbox/encoding.h"
 #include "outbox/guc.h"
 #include "outbox/queries/relay_sql.h"
@@ -200,9 +198,7 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, OutboxShare shar
         // A row on the progress topic (written before outbox.progress_topic
         // named it, or not through outbox.write): sent, it could become a
         // relay's last progress record and stop that relay.  Parked.
-        if (!error && outbox_progress_topic && outbox_progress_topic[0] &&
-            r.topic_len == strlen(outbox_progress_topic) &&
-            memcmp(r.topic, outbox_progress_topic, r.topic_len) == 0)
+        if (!error && outbox_is_progress_topic(r.topic, r.topic_len))
             error = psprintf("the topic is outbox.progress_topic, where exactly-once relays "
                              "record their progress; such a message could stop them");
         r.error = error;
