@@ -41,22 +41,39 @@ command -v mmdebstrap >/dev/null ||
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
 
 # Processes still running in the tree (a failed test's server or broker)
-# hold its mounts: end them, by their root directory, before unmounting.
-cleanup() {
-  local rc=$?
+# hold its mounts: end them, by their root directory, then unmount.  Also
+# run before the tree is made: a run that was killed (its EXIT trap never
+# ran) leaves /proc mounted in the old tree, and a plain rm -rf would walk
+# into the host's /proc and fail.  rm never crosses into a mount.
+release_tree() {
+  [ -d "$tree" ] || return 0
+  local p m
   for p in /proc/[0-9]*; do
     [ "$(readlink "$p/root" 2>/dev/null)" = "$tree" ] && kill -9 "${p#/proc/}" 2>/dev/null
   done
   sleep 0.5
   for m in "$tree/dev/shm" "$tree/proc"; do
-    mountpoint -q "$m" && umount "$m"
+    if mountpoint -q "$m"; then
+      umount "$m" 2>/dev/null || umount -l "$m"
+    fi
   done
-  if [ "$keep" = --keep ]; then
-    say "tree kept in $tree"
-  elif ! mountpoint -q "$tree/proc" && ! mountpoint -q "$tree/dev/shm"; then
-    rm -rf "$tree"
+  ! mountpoint -q "$tree/proc" && ! mountpoint -q "$tree/dev/shm"
+}
+remove_tree() {
+  if release_tree; then
+    rm -rf --one-file-system "$tree"
   else
     echo "pgtree: $tree is still mounted: not removed" >&2
+    return 1
+  fi
+}
+cleanup() {
+  local rc=$?
+  if [ "$keep" = --keep ]; then
+    release_tree || true
+    say "tree kept in $tree"
+  else
+    remove_tree || true
   fi
   say "done (exit $rc)"
 }
@@ -64,7 +81,7 @@ cleanup() {
 pkgs="$(PG_MAJOR=$major bash scripts/install-deps.sh --list),$(bash scripts/build-deb.sh --list-deps)"
 [ -n "$upgrade_from" ] && pkgs+=",postgresql-$upgrade_from,postgresql-server-dev-$upgrade_from"
 say "making the tree ($tree): PostgreSQL $major${upgrade_from:+ and $upgrade_from}"
-rm -rf "$tree"
+remove_tree
 trap cleanup EXIT
 # sid's index may carry an expired Valid-Until.
 mmdebstrap --quiet --variant=apt --aptopt='Acquire::Check-Valid-Until "false"' --include="$pkgs" \
