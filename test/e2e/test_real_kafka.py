@@ -175,11 +175,30 @@ class RealKafkaTest(unittest.TestCase):
     def parked(self):
         return self.pg.scalar("SELECT count(*) FROM outbox.outbox_message WHERE parked_at IS NOT NULL")
 
+    def describe_lost(self, topic, records, committed):
+        """What a user would need to know of a lost message: its row, where Kafka should have
+        it, and whether a second read finds it (a read that stopped early, not a loss)."""
+        seen = {dict(r["headers"]).get("event_id", b"").decode(errors="replace") for r in records}
+        lost = sorted(set(committed) - seen)
+        again = {dict(r["headers"]).get("event_id", b"").decode(errors="replace")
+                 for r in KAFKA.dump(topic)}
+        ends = {}
+        for r in records:
+            ends[r["partition"]] = max(ends.get(r["partition"], -1), r["offset"])
+        for eid in lost[:20]:
+            row = self.pg.sql("SELECT id, key, published_at, attempts, last_error FROM "
+                              "outbox.outbox_message WHERE message_id = %s", (eid,))
+            print(f"\n[real kafka] LOST {eid}: row {row}, in a second read: {eid in again}, "
+                  f"last offsets read {ends}", file=sys.stderr, flush=True)
+
     def finish(self, name, topic, max_duplicates=0, min_written=20000):
         self.writers.join()
         self.settled()
         committed = committed_rows(self.pg, topic)
-        result = verify(KAFKA.dump(topic), committed)
+        records = KAFKA.dump(topic)
+        result = verify(records, committed)
+        if result["lost"]:
+            self.describe_lost(topic, records, committed)
         parked = self.parked()
         RESULTS.append((name, result["written"], result["delivered"], result["lost"],
                         result["duplicates"], result["order_violations"], parked))

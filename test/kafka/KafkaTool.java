@@ -176,10 +176,16 @@ public class KafkaTool {
                 boolean done = true;
                 for (TopicPartition tp : tps)
                     if (c.position(tp, Duration.ofSeconds(30)) < end.get(tp)) done = false;
-                if (done) break;
+                if (done) {
+                    // The end offsets again: a leader elected a moment ago may have answered
+                    // with a high watermark that had not caught up yet.  Done when they hold.
+                    Map<TopicPartition, Long> again = c.endOffsets(tps, Duration.ofSeconds(30));
+                    if (again.equals(end)) break;
+                    end = again;
+                    continue;
+                }
                 if (System.nanoTime() > deadline) throw new RuntimeException("dump: end offsets not reached");
                 for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(500))) {
-                    if (r.offset() >= end.get(new TopicPartition(topic, r.partition()))) continue;
                     int jp = r.key() == null ? -1 : Utils.toPositive(Utils.murmur2(r.key())) % partitions;
                     StringJoiner hs = new StringJoiner(",");
                     for (Header h : r.headers())
