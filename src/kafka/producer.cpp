@@ -506,9 +506,16 @@ bool is_fenced(rd_kafka_error_t *e) {
 bool Producer::init_transactions(int timeout_ms, std::string &error, bool &fenced) noexcept {
     try {
         fenced = false;
+        // Registered already (a recovery that failed later and is tried
+        // again): librdkafka refuses a second InitProducerId, and the first
+        // still holds: a producer that took the id since fences our commit.
+        if (registered_) return true;
         rd_kafka_error_t *e = rd_kafka_init_transactions(rk_, timeout_ms);
         rd_kafka_poll(rk_, 0);
-        if (!e) return true;
+        if (!e) {
+            registered_ = true;
+            return true;
+        }
         fenced = is_fenced(e) || fenced_;
         if (rd_kafka_error_code(e) == RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT) {
             error = "transaction.timeout.ms (outbox.kafka_config) is longer than the brokers' "

@@ -468,6 +468,27 @@ class Fencing(ExactlyOnceTest):
         self.assertIn(tid, copy.log())
 
 
+class LateProgressTopic(ExactlyOnceTest):
+    workers = 1
+    extra = {"outbox.progress_topic": "'eos.progress.late'"}
+
+    def test_11_a_progress_topic_created_after_the_setting_is_used_once_it_exists(self):
+        """exactly_once turned on before its progress topic exists: recovery registers the
+        relay's id, cannot read the topic, says so and tries again; once the topic is created
+        the relay publishes. Before, every retry failed at the registration (librdkafka refuses
+        a second InitProducerId: "Operation not valid in state Ready") until a restart."""
+        KAFKA.create_topic("eos.late", partitions=2)
+        for i in range(20):
+            self.pg.sql("SELECT outbox.write('eos.late', %s, '{}')", (f"k{i % 4}",))
+        wait_until(lambda: any("reading the progress" in e for e in self.relay_errors()), 120,
+                   what="recovery failing to read the missing progress topic")
+        self.assertEqual(self.pending(), 20)
+        KAFKA.create_topic("eos.progress.late", partitions=1, cleanup_policy="compact")
+        self.settled(timeout=180)
+        self.assertNotIn("not valid in state", self.pg.log())
+        self.check("11_progress_topic_created_late", "eos.late", min_written=20)
+
+
 class ProgressTopicRows(ExactlyOnceTest):
     def test_10_a_row_on_the_progress_topic_is_parked_not_sent(self):
         """outbox.write refuses the progress topic (sql/hostile.sql); a row that is there all

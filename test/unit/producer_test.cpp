@@ -626,3 +626,26 @@ TEST(ProducerTransactions, AnAbortAcknowledgesNothing) {
 // A topic that does not exist and fencing are tested against Apache Kafka
 // (test/e2e/test_exactly_once.py): Debian 12's mock creates every topic it is
 // asked about and gives a second producer of an id the same epoch.
+
+// Recovery registers its ids, then reads the progress topic; when that read
+// (or the other id's registration) fails it tries again later with the same
+// producers.  librdkafka refuses a second InitProducerId on a producer that
+// is registered ("Operation not valid in state Ready"): the relay would then
+// fail every later recovery and publish nothing until restarted.  A second
+// registration of a registered producer succeeds and it still commits.
+TEST(ProducerTransactions, RegisteringTwiceIsNoError) {
+    MockCluster c(1);
+    Pipe pipe;
+    auto p = make_txn_producer(c, pipe.fd[1], "pg_outbox-1-db-1of1");
+    ASSERT_TRUE(p);
+    std::string error;
+    bool fenced = true;
+    EXPECT_TRUE(p->init_transactions(30000, error, fenced)) << error;
+    EXPECT_FALSE(fenced);
+    std::vector<Row> rows = {row(1, "a")};
+    auto recs = records_of(rows);
+    ASSERT_TRUE(p->begin_transaction(error)) << error;
+    p->produce(recs.data(), recs.size());
+    ASSERT_EQ(p->commit_transaction(30000, error), outbox::kafka::TxnOutcome::Committed) << error;
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{1}));
+}

@@ -138,7 +138,8 @@ public:
     // Registers the transactional id with its coordinator, which fences
     // every earlier producer of that id and ends its open transaction (a
     // commit it had asked for completes first).  False with the reason;
-    // `fenced` when another producer took the id meanwhile.
+    // `fenced` when another producer took the id meanwhile.  Once it has
+    // succeeded, later calls succeed at once (the registration holds).
     bool init_transactions(int timeout_ms, std::string &error, bool &fenced) noexcept;
     bool begin_transaction(std::string &error) noexcept;
     // The ids of the records produce() handed to librdkafka in this
@@ -234,6 +235,7 @@ private:
     std::string last_logged_delivery_error_;
     bool fatal_ = false;
     bool fenced_ = false;
+    bool registered_ = false;  // init_transactions() succeeded
     bool transactional_ = false;
     std::vector<int64_t> txn_ids_;      // produced in the open transaction
     uint64_t txn_digest_ = 0;           // and what they were
