@@ -53,8 +53,13 @@ def main():
     ap.add_argument("--sizes", default="1,100,5000", help="records per transaction")
     ap.add_argument("--pauses", default="0,50", help="ms between transactions")
     ap.add_argument("--nodes", type=int, default=1, help="Kafka nodes (replication factor too)")
+    ap.add_argument("--config", action="append", default=[],
+                    help="a producer setting, key=value (repeatable), e.g. socket.nagle.disable=true")
     args = ap.parse_args()
     print("librdkafka", confluent_kafka.libversion()[0])
+    extra = dict(kv.split("=", 1) for kv in args.config)
+    if extra:
+        print("producer settings:", extra)
     cluster = KafkaCluster(nodes=args.nodes, auto_create=False)
     cluster.start()
     failures = []
@@ -65,7 +70,8 @@ def main():
                              **{"cleanup.policy": "compact"})
 
         def producer(tid):
-            return Producer({"bootstrap.servers": bs, "transactional.id": tid, "linger.ms": 0})
+            return Producer({"bootstrap.servers": bs, "transactional.id": tid, "linger.ms": 0,
+                             **extra})
 
         p1 = producer("txn-cost-fence")
         p1.init_transactions(30)
@@ -120,7 +126,8 @@ def main():
                 f, c = flushes[3:], commits[3:]
                 print(f"| {n:,} | {pause * 1000:.0f} ms | {statistics.median(f):.1f} ms "
                       f"({max(f):.1f}) | {statistics.median(c):.1f} ms ({max(c):.1f}) |")
-        idem = Producer({"bootstrap.servers": bs, "linger.ms": 0, "enable.idempotence": True})
+        idem = Producer({"bootstrap.servers": bs, "linger.ms": 0, "enable.idempotence": True,
+                         **extra})
         times = []
         for _ in range(args.rounds):
             for i in range(100):
