@@ -18,11 +18,19 @@ keep=${2:-}
 MIRROR=http://deb.debian.org/debian
 
 # The end-to-end suites each tree runs: delivery and order, faults, the
-# inbox, the workers' life cycle, hostile roles, encodings, backups, and
-# failover (its walsender and backend-status reads differ by version).  The
-# rest (test_operations, test_storage, test_inbox_scale, test_inbox_intake,
-# test_native, test_real_kafka) run on 15 only (test/README.md).
-E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_hostile_settings test_encoding test_backup test_failover}
+# inbox, the workers' life cycle, hostile roles, encodings, backups,
+# failover (its walsender and backend-status reads differ by version), and
+# exactly-once on a real three-node Kafka (the transactional API of that
+# release's librdkafka).  The rest (test_operations, test_storage,
+# test_inbox_scale, test_inbox_intake, test_native, test_real_kafka) run on
+# 15 only (test/README.md).
+E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_hostile_settings test_encoding test_backup test_failover test_exactly_once}
+# Suites that start Apache Kafka need a JDK and Maven in the tree (that
+# release's packages); Kafka's jars come from this machine's Maven cache,
+# mounted in the tree (filled from Maven Central when cold).
+need_kafka=
+[[ " $E2E " == *" test_exactly_once "* || " $E2E " == *" test_real_kafka "* ]] && need_kafka=1
+M2=${HOME:-/root}/.m2
 
 case $suite in
   trixie) major=17; upgrade_from=; sources=("deb $MIRROR trixie main") ;;
@@ -52,12 +60,12 @@ release_tree() {
     [ "$(readlink "$p/root" 2>/dev/null)" = "$tree" ] && kill -9 "${p#/proc/}" 2>/dev/null
   done
   sleep 0.5
-  for m in "$tree/dev/shm" "$tree/proc"; do
+  for m in "$tree/root/.m2" "$tree/dev/shm" "$tree/proc"; do
     if mountpoint -q "$m"; then
       umount "$m" 2>/dev/null || umount -l "$m"
     fi
   done
-  ! mountpoint -q "$tree/proc" && ! mountpoint -q "$tree/dev/shm"
+  ! mountpoint -q "$tree/proc" && ! mountpoint -q "$tree/dev/shm" && ! mountpoint -q "$tree/root/.m2"
 }
 remove_tree() {
   if release_tree; then
@@ -80,6 +88,7 @@ cleanup() {
 
 pkgs="$(PG_MAJOR=$major bash scripts/install-deps.sh --list),$(bash scripts/build-deb.sh --list-deps)"
 [ -n "$upgrade_from" ] && pkgs+=",postgresql-$upgrade_from,postgresql-server-dev-$upgrade_from"
+[ -n "$need_kafka" ] && pkgs+=",openjdk-21-jdk-headless,maven"
 say "making the tree ($tree): PostgreSQL $major${upgrade_from:+ and $upgrade_from}"
 remove_tree
 trap cleanup EXIT
@@ -88,6 +97,12 @@ mmdebstrap --quiet --variant=apt --aptopt='Acquire::Check-Valid-Until "false"' -
   "$suite" "$tree" "${sources[@]}"
 mount -t proc proc "$tree/proc"
 mount -t tmpfs -o mode=1777 shm "$tree/dev/shm"
+if [ -n "$need_kafka" ]; then
+  mkdir -p "$M2" "$tree/root/.m2"
+  mount --bind "$M2" "$tree/root/.m2"
+  # Maven in the tree reaches Maven Central for what the cache lacks.
+  cp -L /etc/resolv.conf "$tree/etc/resolv.conf"
+fi
 
 # The sources as they are here (tracked and new files, not build outputs).
 mkdir "$tree/src"
