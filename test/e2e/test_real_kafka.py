@@ -190,6 +190,10 @@ class RealKafkaTest(unittest.TestCase):
                               "outbox.outbox_message WHERE message_id = %s", (eid,))
             print(f"\n[real kafka] LOST {eid}: row {row}, in a second read: {eid in again}, "
                   f"last offsets read {ends}", file=sys.stderr, flush=True)
+        if lost:
+            for node, lines in KAFKA.partition_history(topic).items():
+                print(f"\n[real kafka] node {node}, {topic}: leaders, truncations, recovery:\n  "
+                      + "\n  ".join(lines), file=sys.stderr, flush=True)
 
     def finish(self, name, topic, max_duplicates=0, min_written=20000):
         self.writers.join()

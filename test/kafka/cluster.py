@@ -254,6 +254,13 @@ class KafkaCluster:
         return ["java", HEAP, "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                 "-Djava.awt.headless=true", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+                # Leader changes, truncations and log recovery, for a test that
+                # finds a message missing (partition_history()).
+                "-Dorg.slf4j.simpleLogger.log.kafka.cluster.Partition=info",
+                "-Dorg.slf4j.simpleLogger.log.kafka.server.ReplicaFetcherThread=info",
+                "-Dorg.slf4j.simpleLogger.log.org.apache.kafka.storage.internals.log=info",
+                "-Dorg.slf4j.simpleLogger.log.kafka.log=info",
                 "-cp", classpath()]
 
     def format(self):
@@ -376,6 +383,21 @@ class KafkaCluster:
             records.append({"partition": int(p), "offset": int(o), "key": dec(k), "value": dec(v),
                             "java_partition": int(jp), "headers": headers})
         return records
+
+    def partition_history(self, topic, limit=40):
+        """Each node's log lines about `topic`'s leaders, truncations and recovery, the last
+        `limit` of each: what tells a record Kafka dropped from one it never had."""
+        words = ("truncat", "leader epoch", "recover", "invalid", "isr", "diverg")
+        out = {}
+        for i in self.ids:
+            try:
+                with open(self.log_path(i), errors="replace") as f:
+                    lines = [ln.rstrip() for ln in f if topic in ln and
+                             any(w in ln.lower() for w in words)]
+            except OSError as e:
+                lines = [f"(no log: {e})"]
+            out[i] = lines[-limit:]
+        return out
 
     def stop(self):
         for i in list(self.procs):
