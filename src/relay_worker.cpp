@@ -272,6 +272,18 @@ outbox::kafka::TxnOutcome txn_end(RelayState *r, bool commit, int timeout_ms, ch
     }
 }
 
+// Waits for the open transaction's acknowledgements; false with the
+// reason when one did not come back with an offset.
+bool txn_await(RelayState *r, int timeout_ms, char *err, std::size_t errlen) noexcept {
+    try {
+        std::string error;
+        if (r->producer->await_transaction(timeout_ms, error)) return true;
+        return report_error(err, errlen, error);
+    } catch (const std::exception &e) {
+        return report_error(err, errlen, e.what());
+    }
+}
+
 bool txn_init(RelayState *r, int timeout_ms, bool *fenced, char *err, std::size_t errlen) noexcept {
     try {
         std::string error;
@@ -323,33 +335,63 @@ const ItemPointerData *claimed_ctid(const OutboxClaim *claim, int64 id) {
     return nullptr;
 }
 
+// Marks the rows the producer acknowledged (not taken from its lists):
+// acknowledged rows of this transaction's claim (`claim`, may be null) by
+// ctid, the others by id, each with its record's partition and offset.
+// Returns how many.
+std::size_t mark_acked(OutboxWorker *w, const OutboxClaim *claim) {
+    RelayState *r = state(w);
+    Producer *p = r->producer.get();
+    std::size_t acked = p->acked_count();
+    if (acked == 0) return 0;
+    // Schema 1.6 keeps each row's partition and offset; before, the
+    // acknowledgement's time alone.
+    bool places = w->schema >= kOutboxSchema16;
+    std::size_t batch_acked = p->batch_acked_count();
+    int64 *by_id = static_cast<int64 *>(palloc(sizeof(int64) * acked));
+    int32 *by_id_part = static_cast<int32 *>(palloc(sizeof(int32) * acked));
+    int64 *by_id_off = static_cast<int64 *>(palloc(sizeof(int64) * acked));
+    int n_by_id = 0;
+    for (std::size_t i = 0; i < p->late_acked_count(); i++, n_by_id++) {
+        by_id[n_by_id] = p->late_acked_ids()[i];
+        by_id_part[n_by_id] = p->late_acked_partitions()[i];
+        by_id_off[n_by_id] = p->late_acked_offsets()[i];
+    }
+    ItemPointerData *tids =
+        static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * (batch_acked + 1)));
+    int32 *tid_part = static_cast<int32 *>(palloc(sizeof(int32) * (batch_acked + 1)));
+    int64 *tid_off = static_cast<int64 *>(palloc(sizeof(int64) * (batch_acked + 1)));
+    int n_tids = 0;
+    for (std::size_t i = 0; i < batch_acked; i++) {
+        int64 id = p->batch_acked_ids()[i];
+        int32 part = p->batch_acked_partitions()[i];
+        int64 off = p->batch_acked_offsets()[i];
+        if (const ItemPointerData *t = claim ? claimed_ctid(claim, id) : nullptr) {
+            ItemPointerCopy(t, &tids[n_tids]);
+            tid_part[n_tids] = part;
+            tid_off[n_tids++] = off;
+        } else {
+            by_id[n_by_id] = id;
+            by_id_part[n_by_id] = part;
+            by_id_off[n_by_id++] = off;
+        }
+    }
+    OutboxPlaces claimed_at = {tid_part, tid_off}, by_id_at = {by_id_part, by_id_off};
+    outbox_relay_mark_claimed(tids, places ? &claimed_at : nullptr, n_tids);
+    outbox_relay_mark_by_id(by_id, places ? &by_id_at : nullptr, n_by_id);
+    return acked;
+}
+
 // Writes what the producer resolved (acks, failures) into the table.
-// Inside a transaction with SPI connected.  Acknowledged rows of this
-// transaction's claim (`claim`, may be null) are marked by ctid, the others
-// by id.  Returns how many were acknowledged.
+// Inside a transaction with SPI connected.  Returns how many were
+// acknowledged.
 std::size_t record_outcomes(OutboxWorker *w, const OutboxClaim *claim) {
     RelayState *r = state(w);
     Producer *p = r->producer.get();
     std::size_t acked = p->acked_count();
     std::size_t failed = p->failed_count();
     if (acked > 0) {
-        std::size_t batch_acked = p->batch_acked_count();
-        int64 *by_id = static_cast<int64 *>(palloc(sizeof(int64) * acked));
-        int n_by_id = 0;
-        for (std::size_t i = 0; i < p->late_acked_count(); i++)
-            by_id[n_by_id++] = p->late_acked_ids()[i];
-        ItemPointerData *tids =
-            static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * (batch_acked + 1)));
-        int n_tids = 0;
-        for (std::size_t i = 0; i < batch_acked; i++) {
-            int64 id = p->batch_acked_ids()[i];
-            if (const ItemPointerData *t = claim ? claimed_ctid(claim, id) : nullptr)
-                ItemPointerCopy(t, &tids[n_tids++]);
-            else
-                by_id[n_by_id++] = id;
-        }
-        outbox_relay_mark_claimed(tids, n_tids);
-        outbox_relay_mark_by_id(by_id, n_by_id);
+        mark_acked(w, claim);
         r->backoff_ms = 0;
         r->next_claim_at = 0;
     }
@@ -609,7 +651,9 @@ int64 eos_settle(OutboxWorker *w, const char *tid, int64 pg_seq) {
         ereport(ERROR, (errmsg("pg outbox: %s", r->eos_error)));
     int64 kafka_seq = r->txn.seq;
     if (kafka_seq == pg_seq + 1) {
-        outbox_relay_mark_by_id(r->txn.ids.data(), static_cast<int>(r->txn.ids.size()));
+        // Where Kafka wrote them is not known here (the progress record
+        // names ids only): published_at alone is set.
+        outbox_relay_mark_by_id(r->txn.ids.data(), nullptr, static_cast<int>(r->txn.ids.size()));
         ereport(LOG, (errmsg("%s: Kafka committed transaction %lld of %s, which this database "
                              "had not recorded: its %zu messages are marked published",
                              w->label, static_cast<long long>(kafka_seq), tid, r->txn.ids.size())));
@@ -701,21 +745,9 @@ bool eos_recover(OutboxWorker *w) {
 // turn: by ctid) and records it as transaction `seq`.  Returns how many.
 std::size_t mark_transaction(OutboxWorker *w, const OutboxClaim *claim, int64 seq) {
     RelayState *r = state(w);
-    const std::vector<int64_t> &ids = r->producer->transaction_ids();
-    ItemPointerData *tids =
-        static_cast<ItemPointerData *>(palloc(sizeof(ItemPointerData) * (ids.size() + 1)));
-    int64 *by_id = static_cast<int64 *>(palloc(sizeof(int64) * (ids.size() + 1)));
-    int n_tids = 0, n_by_id = 0;
-    for (int64_t id : ids) {
-        if (const ItemPointerData *t = claimed_ctid(claim, id))
-            ItemPointerCopy(t, &tids[n_tids++]);
-        else
-            by_id[n_by_id++] = id;
-    }
-    outbox_relay_mark_claimed(tids, n_tids);
-    outbox_relay_mark_by_id(by_id, n_by_id);
+    std::size_t n = mark_acked(w, claim);
     outbox_txn_set(r->tid.c_str(), seq, false);
-    return ids.size();
+    return n;
 }
 
 // Publishes a claim as one Kafka transaction with its progress record, and
@@ -741,15 +773,23 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
     std::size_t marked = 0;
     if (produced == 0) {
         fault_point(w, "before_commit");
-        // While librdkafka sends the records, mark their rows in a
-        // subtransaction that only Kafka's commit keeps: the marking costs
-        // no time of its own.  Whatever happens, nothing is visible before
-        // this transaction commits, after Kafka's.
-        OutboxSubtransaction sub = outbox_subtransaction_begin();
-        marked = mark_transaction(w, claim, seq);
-        fault_point(w, "during_mark");
-        o = txn_end(r, true, outbox_batch_timeout_ms, err, sizeof err);
-        outbox_subtransaction_end(&sub, o == TxnOutcome::Committed);
+        // Every record's acknowledgement first: a row is marked only with
+        // the offset Kafka gave its record (one that came back without
+        // aborts the transaction, and the row goes again).  Then the rows
+        // are marked in a subtransaction that only Kafka's commit keeps,
+        // before the commit is asked for.  Whatever happens, nothing is
+        // visible before this transaction commits, after Kafka's.
+        if (txn_await(r, outbox_batch_timeout_ms, err, sizeof err)) {
+            OutboxSubtransaction sub = outbox_subtransaction_begin();
+            marked = mark_transaction(w, claim, seq);
+            fault_point(w, "during_mark");
+            o = txn_end(r, true, outbox_batch_timeout_ms, err, sizeof err);
+            outbox_subtransaction_end(&sub, o == TxnOutcome::Committed);
+        } else {
+            char abort_err[512];
+            abort_err[0] = '\0';
+            o = txn_end(r, false, outbox_batch_timeout_ms, abort_err, sizeof abort_err);
+        }
     } else {
         char abort_err[512];
         abort_err[0] = '\0';

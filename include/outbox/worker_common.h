@@ -40,13 +40,14 @@ extern "C" {
 }
 
 // Schema versions as outbox_schema_version() gives them: 100 for 1.0, 110
-// for 1.1, 120 for 1.2, 130 for 1.3, 140 for 1.4, 150 for 1.5; 0 when the extension is not installed.
+// for 1.1, 120 for 1.2, 130 for 1.3, 140 for 1.4, 150 for 1.5, 160 for 1.6; 0 when the extension is not installed.
 inline constexpr int kOutboxSchema10 = 100;
 inline constexpr int kOutboxSchema11 = 110;
 inline constexpr int kOutboxSchema12 = 120;
 inline constexpr int kOutboxSchema13 = 130;
 inline constexpr int kOutboxSchema14 = 140;
 inline constexpr int kOutboxSchema15 = 150;
+inline constexpr int kOutboxSchema16 = 160;
 
 struct OutboxWorker;
 

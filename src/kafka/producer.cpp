@@ -326,7 +326,7 @@ void Producer::produce(const Record *records, std::size_t n) noexcept {
     try {
         topics_absent_.clear();  // asked again each batch: a topic may be made meanwhile
         // Acks not yet taken belong to the batch before: they are late now.
-        acked_late_.insert(acked_late_.end(), acked_.begin(), acked_.end());
+        acked_late_.append(acked_);
         acked_.clear();
         while (!batches_.empty() && batches_.front().pending == 0) batches_.pop_front();
         batches_.emplace_back();
@@ -390,11 +390,63 @@ void Producer::on_delivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *op
     }
 }
 
+namespace {
+// A success report is an acknowledgement only with the offset Kafka gave
+// the record and the broker that gave it: librdkafka reports records of a
+// failed request as delivered, with neither, when a later request of their
+// partition succeeds (its "implicit acknowledgement"), and a broker that
+// holds no state for a new producer id never wrote them.
+bool has_offset(const rd_kafka_message_t *msg) {
+    return msg->offset >= 0 && msg->partition >= 0 && rd_kafka_message_broker_id(msg) >= 0;
+}
+constexpr const char kNoOffset[] =
+    "Kafka's client reported the record delivered without an offset (an implicit "
+    "acknowledgement): not counted as delivered, sent again";
+constexpr const char kAfterNoOffset[] =
+    "an earlier record of its key was reported delivered without an offset: sent again after it";
+}  // namespace
+
+bool Producer::AckList::remove(int64_t id) noexcept {
+    for (std::size_t i = ids.size(); i-- > 0;)
+        if (ids[i] == id) {
+            ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(i));
+            partitions.erase(partitions.begin() + static_cast<std::ptrdiff_t>(i));
+            offsets.erase(offsets.begin() + static_cast<std::ptrdiff_t>(i));
+            return true;
+        }
+    return false;
+}
+
+// A success report that proves nothing: the row stays pending (a failure
+// that is not a refusal: it counts an attempt, never parks).  Records of
+// its key already taken as delivered later in the batch are taken back
+// while they are still unmarked, so that the key's order holds when they
+// all go again (their copies in Kafka are duplicates, never a gap).
+void Producer::not_delivered(Batch *batch, const Slot *slot, int64_t id, const std::string &why) {
+    last_error_ = why;
+    if (why != last_logged_delivery_error_) {
+        log_.add(LogLevel::Warning, "delivery not confirmed: " + why);
+        last_logged_delivery_error_ = why;
+    }
+    fail(id, why, false);
+    if (!slot->keyed) return;
+    std::string_view key(batch->keys.data() + slot->key_offset, slot->key_length);
+    for (const Slot *s = slot + 1; s < batch->slots.data() + batch->slots.size(); ++s) {
+        if (s->pending || !s->keyed ||
+            std::string_view(batch->keys.data() + s->key_offset, s->key_length) != key)
+            continue;
+        if (acked_.remove(s->id) || acked_late_.remove(s->id)) fail(s->id, kAfterNoOffset, false);
+    }
+}
+
 void Producer::delivered(const rd_kafka_message_t *msg) {
     if (msg->_private == kProgressOpaque) {
-        if (msg->err != RD_KAFKA_RESP_ERR_NO_ERROR &&
-            msg->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE &&
-            msg->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
+        if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR && !has_offset(msg))
+            progress_error_ = "the progress record: " + std::string(kNoOffset);
+        else if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+            progress_acked_ = true;
+        else if (msg->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE &&
+                 msg->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
             progress_error_ = std::string("the progress record: ") + rd_kafka_err2str(msg->err);
         return;
     }
@@ -406,6 +458,7 @@ void Producer::delivered(const rd_kafka_message_t *msg) {
     slot->pending = false;
     --batch->pending;
     --in_flight_;
+    outcome(msg, batch, slot, id, this_batch);
     // A reported batch that is not the current one is forgotten; the
     // current one stays until the next produce() (it may be looked at).
     if (batch->pending == 0 && !this_batch) {
@@ -415,9 +468,25 @@ void Producer::delivered(const rd_kafka_message_t *msg) {
                 break;
             }
     }
+}
 
+void Producer::outcome(const rd_kafka_message_t *msg, Batch *batch, const Slot *slot, int64_t id,
+                       bool this_batch) {
     if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        (this_batch ? acked_ : acked_late_).push_back(id);
+        std::string_view key(batch->keys.data() + slot->key_offset, slot->key_length);
+        if (!has_offset(msg)) {
+            // librdkafka's implicit acknowledgement (docs/delivery.md): not
+            // in Kafka as far as anyone can show.  It goes again, and so do
+            // its key's later records, so that they follow it.
+            if (slot->keyed) batch->doubted.emplace(key);
+            not_delivered(batch, slot, id, kNoOffset);
+            return;
+        }
+        if (slot->keyed && !batch->doubted.empty() && batch->doubted.count(std::string(key))) {
+            not_delivered(batch, slot, id, kAfterNoOffset);
+            return;
+        }
+        (this_batch ? acked_ : acked_late_).push(id, msg->partition, msg->offset);
         set_state(BrokerState::Up, "a delivery was acknowledged");
         last_logged_delivery_error_.clear();
         return;
@@ -537,6 +606,7 @@ bool Producer::begin_transaction(std::string &error) noexcept {
         txn_ids_.clear();
         txn_digest_ = 0;
         progress_error_.clear();
+        progress_acked_ = progress_produced_ = false;
         rd_kafka_error_t *e = rd_kafka_begin_transaction(rk_);
         if (!e) return true;
         if (rd_kafka_error_is_fatal(e)) fatal_ = true;
@@ -557,7 +627,10 @@ bool Producer::produce_progress(const std::string &topic, const std::string &key
             RD_KAFKA_V_KEY(key.data(), key.size()),
             RD_KAFKA_V_VALUE(const_cast<char *>(value.data()), value.size()),
             RD_KAFKA_V_OPAQUE(kProgressOpaque), RD_KAFKA_V_END);
-        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return true;
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            progress_produced_ = true;
+            return true;
+        }
         error = std::string("the progress record (outbox.progress_topic ") + topic +
                 "): " + rd_kafka_err2str(err);
         return false;
@@ -578,14 +651,47 @@ void Producer::end_transaction_bookkeeping() noexcept {
     txn_digest_ = 0;
 }
 
+bool Producer::await_transaction(int timeout_ms, std::string &error) noexcept {
+    try {
+        bool progress_waits = progress_produced_ && !progress_acked_;
+        if (in_flight_ > 0 || (progress_waits && progress_error_.empty()))
+            rd_kafka_flush(rk_, timeout_ms);
+        rd_kafka_poll(rk_, 0);
+        if (!progress_error_.empty()) {
+            error = progress_error_;
+            return false;
+        }
+        progress_waits = progress_produced_ && !progress_acked_;
+        if (acked_.size() == txn_ids_.size() && !progress_waits) return true;
+        if (in_flight_ > 0 || progress_waits) {
+            error = "Kafka did not acknowledge the transaction's records within outbox.batch_timeout";
+            return false;
+        }
+        // Refused, or acknowledged without an offset: in the failed list.
+        error = failed_errors_.empty() ? std::string("a record was not acknowledged")
+                                       : "a record was not delivered: " + failed_errors_.back();
+        return false;
+    } catch (...) {
+        error = "out of memory";
+        return false;
+    }
+}
+
 TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noexcept {
     try {
+        // Every record acknowledged with its offset, or no commit: a
+        // transaction may not commit over a record Kafka did not write.
+        if (!txn_ids_.empty() && !await_transaction(timeout_ms, error)) {
+            std::string abort_error;
+            TxnOutcome o = abort_transaction(timeout_ms, abort_error);
+            if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
+            return o;
+        }
         rd_kafka_error_t *e = rd_kafka_commit_transaction(rk_, timeout_ms);
         rd_kafka_poll(rk_, 0);
         if (!e) {
-            // Every record of it is in Kafka, whatever reports are still
-            // queued: exactly these are acknowledged.
-            acked_ = txn_ids_;
+            // Every record of it is in Kafka: the acknowledged list holds
+            // exactly its records, each with its offset.
             end_transaction_bookkeeping();
             set_state(BrokerState::Up, "a transaction was committed");
             return TxnOutcome::Committed;

@@ -51,6 +51,12 @@ OutboxQuery mark_claimed_query = {
     nullptr};
 OutboxQuery mark_by_id_query = {
     "marking messages published", sql::kMarkPublished, 1, {INT8ARRAYOID}, SPI_OK_UPDATE, nullptr};
+OutboxQuery mark_claimed_at_query = {
+    "marking messages published", sql::kMarkClaimedPublishedAt, 3,
+    {TIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID}, SPI_OK_UPDATE, nullptr};
+OutboxQuery mark_by_id_at_query = {
+    "marking messages published", sql::kMarkPublishedAt, 3,
+    {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID}, SPI_OK_UPDATE, nullptr};
 OutboxQuery failures_query = {
     "recording failed deliveries", sql::kRecordFailures, 7,
     {INT8ARRAYOID, TEXTOID, BOOLOID, INT4OID, BOOLOID, FLOAT8OID, FLOAT8OID},
@@ -248,24 +254,36 @@ int64 outbox_relay_last_id(void) {
     return fcinfo->isnull ? 0 : DatumGetInt64(v);
 }
 
-void outbox_relay_mark_claimed(const ItemPointerData *ctids, int n) {
+namespace {
+// The partitions and offsets of a mark, as int4[] and int8[] datums.
+void mark_places(const OutboxPlaces *at, int n, Datum *values) {
+    Datum *parts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+    for (int i = 0; i < n; i++) parts[i] = Int32GetDatum(at->partitions[i]);
+    values[1] = outbox_array(parts, nullptr, n, INT4OID);
+    values[2] = outbox_int8_array(at->offsets, n);
+}
+}  // namespace
+
+void outbox_relay_mark_claimed(const ItemPointerData *ctids, const OutboxPlaces *at, int n) {
     if (n == 0) return;
     Datum *elems = static_cast<Datum *>(palloc(sizeof(Datum) * n));
     for (int i = 0; i < n; i++) elems[i] = PointerGetDatum(&ctids[i]);
-    Datum values[1] = {PointerGetDatum(construct_array(elems, n, TIDOID, sizeof(ItemPointerData),
+    Datum values[3] = {PointerGetDatum(construct_array(elems, n, TIDOID, sizeof(ItemPointerData),
                                                        false, TYPALIGN_SHORT))};
+    if (at) mark_places(at, n, values);
     SetCurrentStatementStartTimestamp();
-    uint64 marked = outbox_run(&mark_claimed_query, values, nullptr, 0);
+    uint64 marked = outbox_run(at ? &mark_claimed_at_query : &mark_claimed_query, values, nullptr, 0);
     if (marked != static_cast<uint64>(n))
         elog(WARNING, "pg outbox: marked %llu of %d acknowledged rows published",
              static_cast<unsigned long long>(marked), n);
 }
 
-void outbox_relay_mark_by_id(const int64 *ids, int n) {
+void outbox_relay_mark_by_id(const int64 *ids, const OutboxPlaces *at, int n) {
     if (n == 0) return;
-    Datum values[1] = {outbox_int8_array(ids, n)};
+    Datum values[3] = {outbox_int8_array(ids, n)};
+    if (at) mark_places(at, n, values);
     SetCurrentStatementStartTimestamp();
-    outbox_run(&mark_by_id_query, values, nullptr, 0);
+    outbox_run(at ? &mark_by_id_at_query : &mark_by_id_query, values, nullptr, 0);
 }
 
 namespace {

@@ -440,6 +440,33 @@ def committed_messages(cluster, dbname="postgres"):
     return {r[0]: (r[1], r[2], json.loads(r[3]), json.loads(r[4])) for r in rows}
 
 
+def event_id_of(record):
+    """The event_id header of a record from the Collector (text) or the Java dump (bytes)."""
+    h = record["headers"]
+    v = h.get("event_id") if isinstance(h, dict) else dict(h).get("event_id")
+    return v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else v
+
+
+def check_places(cluster, records, dbname="postgres", topic=None):
+    """A published row keeps where Kafka wrote its record (schema 1.6): counts the published
+    rows (of `topic`, or all), those without a partition and offset, and those whose place
+    holds no record or another row's record, among `records` (all of the topic's records as
+    read back; each a dict with topic, partition, offset and headers).  Returns a dict, with
+    up to 5 examples of each fault."""
+    at = {}
+    for r in records:
+        at[(r.get("topic", topic), r["partition"], r["offset"])] = event_id_of(r)
+    rows = cluster.sql("SELECT message_id::text, topic, published_partition, published_offset "
+                       "FROM outbox.outbox_message WHERE published_at IS NOT NULL"
+                       + (" AND topic = %s" if topic else ""), (topic,) if topic else None,
+                       dbname=dbname)
+    without = [r[0] for r in rows if r[2] is None or r[3] is None]
+    misplaced = [(r[0], r[2], r[3], at.get((r[1], r[2], r[3]))) for r in rows
+                 if r[2] is not None and r[3] is not None and at.get((r[1], r[2], r[3])) != r[0]]
+    return {"published": len(rows), "without_place": len(without), "misplaced": len(misplaced),
+            "examples": without[:5] + misplaced[:5]}
+
+
 def verify(records, committed):
     """What a user depends on, counted.
 

@@ -25,7 +25,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kafka"))
-from harness import ORDERS_SCHEMA, PgCluster, Writers, wait_until  # noqa: E402
+from harness import ORDERS_SCHEMA, PgCluster, Writers, check_places, wait_until  # noqa: E402
 
 # Never skipped for want of Kafka: without Java or Maven the tier fails, loudly.
 ENABLED = os.environ.get("OUTBOX_REAL_KAFKA", "1") != "0"
@@ -80,6 +80,10 @@ def committed_rows(pg, topic):
     rows = pg.sql("SELECT message_id::text, id, key, payload::text, headers::text "
                   "FROM outbox.outbox_message WHERE topic = %s", (topic,))
     return {r[0]: (r[1], r[2], r[3], json.loads(r[4])) for r in rows}
+
+
+def event_of(record):
+    return dict(record["headers"]).get("event_id", b"").decode(errors="replace")
 
 
 def verify(records, committed):
@@ -186,9 +190,13 @@ class RealKafkaTest(unittest.TestCase):
         for r in records:
             ends[r["partition"]] = max(ends.get(r["partition"], -1), r["offset"])
         for eid in lost[:20]:
-            row = self.pg.sql("SELECT id, key, published_at, attempts, last_error FROM "
+            row = self.pg.sql("SELECT id, key, published_at, attempts, last_error, "
+                              "published_partition, published_offset FROM "
                               "outbox.outbox_message WHERE message_id = %s", (eid,))
+            there = [event_of(r) for r in records
+                     if row and (r["partition"], r["offset"]) == (row[0][5], row[0][6])]
             print(f"\n[real kafka] LOST {eid}: row {row}, in a second read: {eid in again}, "
+                  f"at the offset the relay recorded: {there or 'nothing'}, "
                   f"last offsets read {ends}", file=sys.stderr, flush=True)
         if lost:
             for node, lines in KAFKA.partition_history(topic).items():
@@ -215,6 +223,10 @@ class RealKafkaTest(unittest.TestCase):
         self.assertEqual(result["wrong_partition"], 0, result)
         self.assertLessEqual(result["duplicates"], max_duplicates, result)
         self.assertEqual(parked, 0)
+        # Every mark names the partition and offset that hold its record.
+        places = check_places(self.pg, [dict(r, topic=topic) for r in records], topic=topic)
+        self.assertEqual(places["without_place"], 0, places)
+        self.assertEqual(places["misplaced"], 0, places)
         return result
 
 

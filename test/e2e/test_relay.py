@@ -8,7 +8,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (ClusterPerTest, Collector, PgCluster, TestBroker,  # noqa: E402
-                     committed_messages, verify, wait_until)
+                     check_places, committed_messages, verify, wait_until)
 
 ORDERS = """
 CREATE EXTENSION outbox;
@@ -107,6 +107,13 @@ class RelayEndToEnd(unittest.TestCase):
             self.assertEqual(self.pg.scalar(
                 "SELECT count(*) FROM outbox.outbox_message "
                 "WHERE published_at < created_at OR attempts > 0"), 0)
+            # Each marked row names the partition and offset where the
+            # consumer found its record.
+            places = check_places(self.pg, collector.snapshot())
+            print(f"  places: {places}")
+            self.assertEqual(places["published"], 10000)
+            self.assertEqual(places["without_place"], 0, places["examples"])
+            self.assertEqual(places["misplaced"], 0, places["examples"])
         finally:
             collector.close()
 

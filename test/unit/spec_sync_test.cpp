@@ -39,6 +39,7 @@ TEST(SpecSync, PlansTestExplainsTheWorkersStatements) {
     for (const char *sql :
          {outbox::sql::relay::kClaim, outbox::sql::relay::kFirstPending,
           outbox::sql::relay::kMarkClaimedPublished, outbox::sql::relay::kMarkPublished,
+          outbox::sql::relay::kMarkClaimedPublishedAt, outbox::sql::relay::kMarkPublishedAt,
           outbox::sql::relay::kRecordFailures, outbox::sql::retention::kRetentionPublished,
           outbox::sql::retention::kFirstIdSince, outbox::sql::retention::kRetentionProcessedEvents,
           outbox::sql::retention::kRetentionInbox, outbox::sql::retention::kStraggler,

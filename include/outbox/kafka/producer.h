@@ -103,12 +103,20 @@ public:
 
     // Outcomes since the last clear_resolved().  Acknowledgements come in
     // two lists: of the last produce() call's records (the caller still
-    // holds their rows) and of earlier batches' (late).
+    // holds their rows) and of earlier batches' (late).  Each one is where
+    // Kafka wrote the record: its partition and offset.  A report of
+    // success without an offset (or a broker) is no acknowledgement: it is
+    // a failure that is not a refusal (the row goes again), and so is every
+    // later record of its key in that batch (docs/delivery.md).
     std::size_t acked_count() const noexcept { return acked_.size() + acked_late_.size(); }
     std::size_t batch_acked_count() const noexcept { return acked_.size(); }
-    const int64_t *batch_acked_ids() const noexcept { return acked_.data(); }
+    const int64_t *batch_acked_ids() const noexcept { return acked_.ids.data(); }
+    const int32_t *batch_acked_partitions() const noexcept { return acked_.partitions.data(); }
+    const int64_t *batch_acked_offsets() const noexcept { return acked_.offsets.data(); }
     std::size_t late_acked_count() const noexcept { return acked_late_.size(); }
-    const int64_t *late_acked_ids() const noexcept { return acked_late_.data(); }
+    const int64_t *late_acked_ids() const noexcept { return acked_late_.ids.data(); }
+    const int32_t *late_acked_partitions() const noexcept { return acked_late_.partitions.data(); }
+    const int64_t *late_acked_offsets() const noexcept { return acked_late_.offsets.data(); }
     std::size_t failed_count() const noexcept { return failed_ids_.size(); }
     const int64_t *failed_ids() const noexcept { return failed_ids_.data(); }
     const char *failed_error(std::size_t i) const noexcept { return failed_errors_[i].c_str(); }
@@ -151,11 +159,19 @@ public:
     // Adds the transaction's progress record (not a row of the outbox).
     bool produce_progress(const std::string &topic, const std::string &key,
                           const std::string &value, std::string &error) noexcept;
-    // Commits (flushing every record first).  Committed: the acknowledged
-    // list is exactly transaction_ids().  Aborted: nothing is acknowledged,
-    // records Kafka refused are in the failed list.  Unknown and Fenced:
-    // nothing is acknowledged; replace the producer.  `error` says why when
-    // not Committed.
+    // Waits up to timeout_ms for the delivery report of every record of
+    // the open transaction, the progress record's included.  True when each
+    // was acknowledged with an offset: the acknowledged list is then exactly
+    // transaction_ids(), with their partitions and offsets.  False, with the
+    // reason, when one was refused (it is in the failed list), came back
+    // without an offset, or did not come back in time: the transaction must
+    // be aborted.
+    bool await_transaction(int timeout_ms, std::string &error) noexcept;
+    // Commits (await_transaction() first).  Committed: the acknowledged
+    // list is exactly transaction_ids(), each with its offset.  Aborted:
+    // nothing is acknowledged, records Kafka refused are in the failed
+    // list.  Unknown and Fenced: nothing is acknowledged; replace the
+    // producer.  `error` says why when not Committed.
     TxnOutcome commit_transaction(int timeout_ms, std::string &error) noexcept;
     // After a commit whose rows the caller marked already: the
     // acknowledged list emptied (refusals stay).
@@ -204,6 +220,9 @@ private:
         std::string keys;
         std::vector<Slot> slots;
         std::size_t pending = 0;
+        // Keys of this batch with a record reported delivered without an
+        // offset: their later records are not taken as delivered either.
+        std::unordered_set<std::string> doubted;
     };
     std::deque<Batch> batches_;
     uint32_t generation_ = 0;
@@ -220,8 +239,34 @@ private:
     bool any_explicit_partition_ = false;  // in this batch: else no key can differ
     bool queue_full_ = false;                    // librdkafka refused this batch's rest
 
-    std::vector<int64_t> acked_;       // of the current batch
-    std::vector<int64_t> acked_late_;  // of earlier batches
+    struct AckList {
+        std::vector<int64_t> ids;
+        std::vector<int32_t> partitions;
+        std::vector<int64_t> offsets;
+        std::size_t size() const noexcept { return ids.size(); }
+        bool empty() const noexcept { return ids.empty(); }
+        void clear() noexcept {
+            ids.clear();
+            partitions.clear();
+            offsets.clear();
+        }
+        void push(int64_t id, int32_t partition, int64_t offset) {
+            ids.push_back(id);
+            partitions.push_back(partition);
+            offsets.push_back(offset);
+        }
+        void append(const AckList &o) {
+            ids.insert(ids.end(), o.ids.begin(), o.ids.end());
+            partitions.insert(partitions.end(), o.partitions.begin(), o.partitions.end());
+            offsets.insert(offsets.end(), o.offsets.begin(), o.offsets.end());
+        }
+        bool remove(int64_t id) noexcept;
+    };
+    AckList acked_;       // of the current batch
+    AckList acked_late_;  // of earlier batches
+    void not_delivered(Batch *batch, const Slot *slot, int64_t id, const std::string &why);
+    void outcome(const rd_kafka_message_s *msg, Batch *batch, const Slot *slot, int64_t id,
+                 bool this_batch);
     std::vector<int64_t> failed_ids_;
     std::vector<std::string> failed_errors_;
     std::vector<char> failed_permanent_;
@@ -247,6 +292,8 @@ private:
     std::unordered_set<std::string> topics_absent_;
     bool topic_exists(std::string_view name, rd_kafka_topic_s *rkt);
     std::string progress_error_;        // the progress record's delivery error
+    bool progress_produced_ = false;    // this transaction has a progress record
+    bool progress_acked_ = false;       // acknowledged with an offset
     void end_transaction_bookkeeping() noexcept;
 };
 

@@ -48,8 +48,16 @@ int64 outbox_relay_last_id(void);
 
 // Marks rows Kafka acknowledged: by ctid the rows this transaction's claim
 // locked, by id any others.
-void outbox_relay_mark_claimed(const ItemPointerData *ctids, int n);
-void outbox_relay_mark_by_id(const int64 *ids, int n);
+// Where Kafka wrote the records of a mark (schema 1.6: the rows keep
+// them), one entry per row marked.  A null OutboxPlaces: the places are
+// not known (a schema before 1.6, or rows of a transaction that recovery
+// settles from the progress topic): published_at alone is set.
+struct OutboxPlaces {
+    const int32 *partitions;
+    const int64 *offsets;
+};
+void outbox_relay_mark_claimed(const ItemPointerData *ctids, const OutboxPlaces *at, int n);
+void outbox_relay_mark_by_id(const int64 *ids, const OutboxPlaces *at, int n);
 
 // Counts a failed attempt on each row, keeps its error text, parks it when
 // `park_now` or when Kafka refused it for good (`permanent`) for the

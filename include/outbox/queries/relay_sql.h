@@ -121,6 +121,24 @@ inline constexpr const char kMarkPublished[] =
     "UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp()"
     " WHERE id = ANY($1) AND published_at IS NULL";
 
+// The same from schema 1.6: each row keeps where Kafka wrote its record,
+// the partition ($2) and offset ($3) of its acknowledgement, side by side
+// with the ctids ($1) or ids.  One statement per batch still: a nested
+// loop of TID scans, or the pending index probed for the ids alone (the
+// join never reads more of it), as sql/plans.sql shows.
+inline constexpr const char kMarkClaimedPublishedAt[] =
+    "UPDATE outbox.outbox_message m SET published_at = pg_catalog.statement_timestamp(),"
+    " published_partition = a.p, published_offset = a.o"
+    " FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.tid[]),"
+    " pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[]))"
+    " AS a(t, p, o) WHERE m.ctid = a.t";
+inline constexpr const char kMarkPublishedAt[] =
+    "UPDATE outbox.outbox_message m SET published_at = pg_catalog.statement_timestamp(),"
+    " published_partition = a.p, published_offset = a.o"
+    " FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]),"
+    " pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[]))"
+    " AS a(i, p, o) WHERE m.id = ANY($1) AND m.id = a.i AND m.published_at IS NULL";
+
 // Counts a failed attempt on rows $1 that failed alike: librdkafka's error
 // text $2, Kafka refused them for good ($3), or the relay cannot send them
 // at all ($5: they could not even be rendered).  A row refused for good for

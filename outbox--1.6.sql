@@ -89,7 +89,13 @@ CREATE TABLE outbox.outbox_message (
     -- A message Kafka refused for good waits until then for its next
     -- attempt; the later messages of its key wait behind it, every other
     -- message goes on (NULL: not waiting).
-    next_attempt_at timestamptz
+    next_attempt_at timestamptz,
+    -- Where Kafka wrote the published message's record: the partition and
+    -- offset of its acknowledgement (schema 1.6; NULL while pending, for
+    -- rows published before 1.6, and for rows exactly-once recovery marked
+    -- from the progress topic).  A success without an offset is no success.
+    published_partition integer,
+    published_offset    bigint
 );
 
 -- The relay scans only this index: it holds the pending rows, in id order.
@@ -483,7 +489,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE outbox.outbox_message m
-       SET published_at = NULL, attempts = 0, last_error = NULL, next_attempt_at = NULL
+       SET published_at = NULL, published_partition = NULL, published_offset = NULL,
+           attempts = 0, last_error = NULL, next_attempt_at = NULL
      WHERE m.published_at IS NOT NULL
        AND m.created_at >= replay.since AND m.created_at < replay.until
        AND (replay.topic IS NULL OR m.topic = replay.topic);
@@ -496,6 +503,27 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION outbox.replay(timestamptz, timestamptz, text) FROM PUBLIC;
+
+-- Where a message is: pending, waiting for a retry, parked or published,
+-- and for a published one the partition and offset Kafka gave its record.
+-- Plain SQL with the caller's rights: whoever may read the table may ask.
+CREATE FUNCTION outbox.message_status(message_id uuid)
+RETURNS TABLE (message_id uuid, topic text, state text, attempts integer, last_error text,
+               created_at timestamptz, published_at timestamptz, next_attempt_at timestamptz,
+               kafka_partition integer, kafka_offset bigint)
+LANGUAGE sql STABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT m.message_id, m.topic,
+           CASE WHEN m.published_at IS NOT NULL THEN 'published'
+                WHEN m.parked_at IS NOT NULL THEN 'parked'
+                WHEN m.next_attempt_at IS NOT NULL THEN 'waiting'
+                ELSE 'pending' END,
+           m.attempts, m.last_error, m.created_at, m.published_at, m.next_attempt_at,
+           m.published_partition, m.published_offset
+      FROM outbox.outbox_message m
+     WHERE m.message_id OPERATOR(pg_catalog.=) message_status.message_id
+$$;
 
 -- ==== the inbox ==================================================================
 

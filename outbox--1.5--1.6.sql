@@ -1,0 +1,115 @@
+-- pg outbox 1.5 -> 1.6: a published message keeps where Kafka wrote its
+-- record (published_partition, published_offset: the relay marks a row only
+-- with the offset of its acknowledgement), and outbox.message_status()
+-- answers "where is my message?".  outbox--1.6.sql is the same schema
+-- written out whole; the upgrade test checks that both give the same
+-- objects.  Every existing row is kept; rows published before keep NULL
+-- places.
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '1.6'" to load this file. \quit
+
+-- The extension's schema must be one that no other role controls
+-- (CVE-2022-2625, CVE-2023-39417): a superuser owns it, no other role may
+-- create in it, and nothing in it belongs to a role that is not a
+-- superuser.  Otherwise nothing is installed or changed: every name below
+-- would resolve into it.  Every operator here is pg_catalog's, by name.
+DO $guard$
+DECLARE
+    why text;
+BEGIN
+    SELECT CASE
+             WHEN NOT o.rolsuper THEN
+                 pg_catalog.format('it is owned by role %I, which is not a superuser', o.rolname)
+             WHEN EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) a
+                            LEFT JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+                           WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+                             AND NOT coalesce(g.rolsuper, false)) THEN
+                 'a role that is not a superuser may create objects in it'
+             WHEN EXISTS (SELECT FROM pg_catalog.pg_depend d
+                            JOIN pg_catalog.pg_shdepend s
+                              ON s.classid OPERATOR(pg_catalog.=) d.classid
+                             AND s.objid OPERATOR(pg_catalog.=) d.objid
+                             AND s.deptype OPERATOR(pg_catalog.=) 'o'
+                             AND s.dbid OPERATOR(pg_catalog.=)
+                                 (SELECT b.oid FROM pg_catalog.pg_database b
+                                   WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                            JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) s.refobjid
+                           WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                             AND d.refobjid OPERATOR(pg_catalog.=) n.oid
+                             AND NOT r.rolsuper) THEN
+                 'it holds objects of a role that is not a superuser'
+           END
+      INTO why
+      FROM pg_catalog.pg_namespace n
+      JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'outbox';
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'pg outbox: schema "outbox" is not the extension''s own: %', why
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop that schema, or have a superuser own it after checking what it '
+                         'holds, and run the command again (see the README, Security).';
+    END IF;
+END
+$guard$;
+
+ALTER TABLE outbox.outbox_message
+    ADD COLUMN published_partition integer,
+    ADD COLUMN published_offset    bigint;
+
+-- A replayed message forgets where its last copy went.
+CREATE OR REPLACE FUNCTION outbox.replay(since timestamptz, until timestamptz DEFAULT now(),
+                              topic text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE CALLED ON NULL INPUT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF replay.since IS NULL THEN
+        RAISE EXCEPTION 'outbox.replay: since must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF replay.until IS NULL THEN
+        RAISE EXCEPTION 'outbox.replay: until must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF replay.until < replay.since THEN
+        RAISE EXCEPTION 'outbox.replay: until (%) is before since (%)', replay.until, replay.since
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE outbox.outbox_message m
+       SET published_at = NULL, published_partition = NULL, published_offset = NULL,
+           attempts = 0, last_error = NULL, next_attempt_at = NULL
+     WHERE m.published_at IS NOT NULL
+       AND m.created_at >= replay.since AND m.created_at < replay.until
+       AND (replay.topic IS NULL OR m.topic = replay.topic);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM outbox._wake_relay_at_commit();
+    END IF;
+    RETURN n;
+END
+$$;
+
+
+-- Where a message is: pending, waiting for a retry, parked or published,
+-- and for a published one the partition and offset Kafka gave its record.
+-- Plain SQL with the caller's rights: whoever may read the table may ask.
+CREATE FUNCTION outbox.message_status(message_id uuid)
+RETURNS TABLE (message_id uuid, topic text, state text, attempts integer, last_error text,
+               created_at timestamptz, published_at timestamptz, next_attempt_at timestamptz,
+               kafka_partition integer, kafka_offset bigint)
+LANGUAGE sql STABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT m.message_id, m.topic,
+           CASE WHEN m.published_at IS NOT NULL THEN 'published'
+                WHEN m.parked_at IS NOT NULL THEN 'parked'
+                WHEN m.next_attempt_at IS NOT NULL THEN 'waiting'
+                ELSE 'pending' END,
+           m.attempts, m.last_error, m.created_at, m.published_at, m.next_attempt_at,
+           m.published_partition, m.published_offset
+      FROM outbox.outbox_message m
+     WHERE m.message_id OPERATOR(pg_catalog.=) message_status.message_id
+$$;
