@@ -318,7 +318,10 @@ class Rule:
 
     action:
       "error"  answer the request itself with error code `error`, never
-               forwarding it (the broker writes nothing). With hold_ms, the
+               forwarding it (the broker writes nothing); with forward=True it
+               is forwarded, the broker writes it, and its response is replaced
+               by the error (as NOT_ENOUGH_REPLICAS_AFTER_APPEND or a timeout
+               after the write would be). With hold_ms, the
                answer waits until the next Produce request of the same
                partition has been forwarded (so that it is in flight), at most
                hold_ms.
@@ -334,12 +337,14 @@ class Rule:
     """
 
     def __init__(self, action, topic, partition=None, nth=1, times=1, error=6, hold_ms=0,
-                 delay_ms=0, forward=True):
+                 delay_ms=0, forward=None):
         if action not in ("error", "drop", "cut", "delay"):
             raise ValueError(f"unknown action {action}")
         self.action, self.topic, self.partition = action, topic, partition
         self.nth, self.times, self.error = nth, times, error
-        self.hold_ms, self.delay_ms, self.forward = hold_ms, delay_ms, forward
+        self.hold_ms, self.delay_ms = hold_ms, delay_ms
+        # forwarded to the broker? "error": not by default; "cut": by default
+        self.forward = (action != "error") if forward is None else forward
         self.applied = 0
 
     @classmethod
@@ -372,6 +377,7 @@ class _Slot:
         self.not_before = 0.0       # monotonic time before which it is held
         self.hold_until = None      # (topic, partition, count, deadline): see Rule "error"
         self.drop = False           # swallow the response and close the connection
+        self.replace = None         # send this instead of the broker's response
         self.entry = None           # the produce_log entry (Produce requests)
 
 
@@ -463,7 +469,12 @@ class _Connection:
             self._forward(req, slot)
             return
         action = rule.action
-        if action == "error":
+        if action == "error" and rule.forward:
+            # The broker writes it; its response is replaced by the error.
+            slot.replace = produce_error_response(correlation_id, api_version, parts, rule.error)
+            entry["proxy_answer"] = error_name(rule.error) + " (after the broker's write)"
+            self._forward(req, slot)
+        elif action == "error":
             if slot is None:
                 return                                   # acks=0: nothing to answer
             with self.cond:
@@ -514,7 +525,7 @@ class _Connection:
                     except ValueError:
                         pass
                 with self.cond:
-                    slot.response = resp
+                    slot.response = slot.replace if slot.replace is not None else resp
                     self.cond.notify_all()
         except EOFError:
             self.close("broker closed")
@@ -530,6 +541,9 @@ class _Connection:
             if now < deadline and self.proxy._forwarded_count(topic, partition) <= count:
                 return False
             slot.hold_until = None
+            if slot.entry is not None:
+                # Whether the hold did its job: a later request of the partition in flight.
+                slot.entry["hold"] = "timed out" if now >= deadline else "next request forwarded"
         return True
 
     def _writer(self):
@@ -664,8 +678,7 @@ class FaultProxy:
                     break
             if rule is not None:
                 rule.applied += 1
-            forwarded = rule is None or rule.action != "error" and (rule.action != "cut" or
-                                                                    rule.forward)
+            forwarded = rule is None or rule.action in ("drop", "delay") or rule.forward
             if forwarded:
                 for topic, partition, _ in parts:
                     self.forwarded[(topic, partition)] += 1
@@ -726,6 +739,8 @@ class FaultProxy:
         outcome = (", ".join(f"{r['error']} base_offset {r['base_offset']}" for r in resp)
                    if resp else ("proxy answered " + entry["proxy_answer"]
                                  if entry.get("proxy_answer") else "no response"))
+        if resp and entry.get("proxy_answer"):
+            outcome = f"broker: {outcome}; the client got {entry['proxy_answer']}"
         if entry.get("response_dropped"):
             outcome += " (response dropped by the proxy)"
         return (f"#{entry['seq']} conn {entry['conn']} corr {entry['correlation_id']} v"
