@@ -150,7 +150,15 @@ class Tls:
 class KafkaCluster:
     """Apache Kafka in KRaft mode on 127.0.0.1: `nodes` combined broker/controllers."""
 
-    def __init__(self, nodes=3, auto_create=None, sasl=False, scram_users=None, authorizer=None):
+    def __init__(self, nodes=3, auto_create=None, sasl=False, scram_users=None, authorizer=None,
+                 proxy_ports=None):
+        """proxy_ports: one port per node, on 127.0.0.1, where a proxy in front of the
+        node listens (test/kafka/fault_proxy.py). Each node then also has a PROXIED
+        listener on a port of its own (self.proxied_upstream[i], what the proxy connects
+        to) that advertises the proxy's port: a client that connects through the proxy
+        is told, by Metadata and FindCoordinator, to come back through it. The
+        PLAINTEXT listener (self.bootstrap, the brokers' own and the tools') is
+        unchanged."""
         self.n = nodes
         self.auto_create = (nodes == 1) if auto_create is None else auto_create
         self.sasl = sasl
@@ -159,9 +167,24 @@ class KafkaCluster:
         self.dir = tempfile.mkdtemp(prefix="outbox-kafka-")
         os.chmod(self.dir, 0o755)
         self.ids = list(range(1, nodes + 1))
-        self.port = {i: free_port() for i in self.ids}
-        self.controller_port = {i: free_port() for i in self.ids}
-        self.sasl_port = {i: free_port() for i in self.ids} if sasl else {}
+        # Distinct ports: free_port() may hand out a port it handed out just before.
+        taken = set(proxy_ports or ())
+
+        def port():
+            while True:
+                p = free_port()
+                if p not in taken:
+                    taken.add(p)
+                    return p
+
+        self.port = {i: port() for i in self.ids}
+        self.controller_port = {i: port() for i in self.ids}
+        self.sasl_port = {i: port() for i in self.ids} if sasl else {}
+        if proxy_ports is not None and len(proxy_ports) != nodes:
+            raise ValueError("proxy_ports: one port per node")
+        self.proxy_port = dict(zip(self.ids, proxy_ports)) if proxy_ports else {}
+        self.proxied_port = {i: port() for i in self.proxy_port}
+        self.proxied_upstream = {i: f"127.0.0.1:{p}" for i, p in self.proxied_port.items()}
         self.procs = {}
         self.tls = Tls(self.dir) if sasl else None
         self.bootstrap = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.ids)
@@ -181,6 +204,9 @@ class KafkaCluster:
         if self.sasl:
             listeners.append(f"SASL_SSL://127.0.0.1:{self.sasl_port[i]}")
             advertised.append(f"SASL_SSL://127.0.0.1:{self.sasl_port[i]}")
+        if i in self.proxy_port:
+            listeners.append(f"PROXIED://127.0.0.1:{self.proxied_port[i]}")
+            advertised.append(f"PROXIED://127.0.0.1:{self.proxy_port[i]}")
         listeners.append(f"CONTROLLER://127.0.0.1:{self.controller_port[i]}")
         props = {
             "process.roles": "broker,controller",
@@ -189,7 +215,8 @@ class KafkaCluster:
                                                  for j in self.ids),
             "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
+                                              + (",PROXIED:PLAINTEXT" if self.proxy_port else ""),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": os.path.join(self.node_dir(i), "data"),
