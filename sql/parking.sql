@@ -55,4 +55,34 @@ RESET ROLE;
 DROP OWNED BY regress_outbox_someone;
 DROP ROLE regress_outbox_someone;
 
+-- Where is my message?  outbox.message_status() names its state and, once
+-- published, the partition and offset of its record (schema 1.6).  It runs
+-- with the caller's rights: a role that may not read the table learns nothing.
+TRUNCATE outbox.outbox_message;
+SELECT outbox.write('status.t', 'k', '{}') AS pending_id \gset
+SELECT outbox.write('status.t', 'k', '{}') AS published_id \gset
+SELECT outbox.write('status.t', 'k', '{}') AS parked_id \gset
+UPDATE outbox.outbox_message SET published_at = now(), published_partition = 3, published_offset = 41
+ WHERE message_id = :'published_id';
+UPDATE outbox.outbox_message SET parked_at = now(), attempts = 3, last_error = 'Broker: Message size too large'
+ WHERE message_id = :'parked_id';
+SELECT state, attempts, last_error, kafka_partition, kafka_offset, published_at IS NOT NULL AS published
+  FROM outbox.message_status(:'pending_id');
+SELECT state, kafka_partition, kafka_offset, published_at IS NOT NULL AS published
+  FROM outbox.message_status(:'published_id');
+SELECT state, attempts, last_error FROM outbox.message_status(:'parked_id');
+SELECT count(*) FROM outbox.message_status('00000000-0000-7000-8000-000000000009');
+SELECT count(*) FROM outbox.message_status(NULL);
+-- A replay forgets the place with published_at.
+SELECT outbox.replay(now() - interval '1 hour');
+SELECT state, kafka_partition, kafka_offset FROM outbox.message_status(:'published_id');
+CREATE ROLE regress_outbox_writer_only;
+GRANT USAGE ON SCHEMA outbox TO regress_outbox_writer_only;
+GRANT EXECUTE ON FUNCTION outbox.write(text, text, jsonb, jsonb, integer) TO regress_outbox_writer_only;
+SET ROLE regress_outbox_writer_only;
+SELECT * FROM outbox.message_status(:'published_id');
+RESET ROLE;
+DROP OWNED BY regress_outbox_writer_only;
+DROP ROLE regress_outbox_writer_only;
+
 DROP EXTENSION outbox;

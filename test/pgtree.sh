@@ -24,12 +24,13 @@ MIRROR=http://deb.debian.org/debian
 # release's librdkafka).  The rest (test_operations, test_storage,
 # test_inbox_scale, test_inbox_intake, test_native, test_real_kafka) run on
 # 15 only (test/README.md).
-E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_hostile_settings test_encoding test_backup test_failover test_exactly_once}
+E2E=${OUTBOX_E2E:-test_relay test_faults test_inbox test_workers test_hostile test_hostile_settings test_encoding test_backup test_failover test_exactly_once test_ack_truth}
 # Suites that start Apache Kafka need a JDK and Maven in the tree (that
 # release's packages); Kafka's jars come from this machine's Maven cache,
 # mounted in the tree (filled from Maven Central when cold).
 need_kafka=
-[[ " $E2E " == *" test_exactly_once "* || " $E2E " == *" test_real_kafka "* ]] && need_kafka=1
+[[ " $E2E " == *" test_exactly_once "* || " $E2E " == *" test_real_kafka "* ||
+   " $E2E " == *" test_ack_truth "* ]] && need_kafka=1
 M2=${HOME:-/root}/.m2
 
 case $suite in

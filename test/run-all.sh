@@ -47,7 +47,7 @@ if ! runuser -u postgres -- make -s -C "$regress_dir" installcheck PG_CONFIG="$P
 fi
 
 if [ -z "${OUTBOX_E2E:-}" ] || [[ " $OUTBOX_E2E " == *" test_real_kafka "* ]] ||
-   [[ " $OUTBOX_E2E " == *" test_exactly_once "* ]]; then
+   [[ " $OUTBOX_E2E " == *" test_exactly_once "* ]] || [[ " $OUTBOX_E2E " == *" test_ack_truth "* ]]; then
   step "Apache Kafka for the real-Kafka tier (Maven Central, into the local Maven cache)"
   # Resolved once here so that a cold cache's download is timed apart from the tests.
   time mvn -q -B -f test/kafka/pom.xml dependency:build-classpath -Dmdep.outputFile=/dev/null
