@@ -1,7 +1,8 @@
 -- pg outbox 1.5 -> 1.6: a published message keeps where Kafka wrote its
 -- record (published_partition, published_offset: the relay marks a row only
 -- with the offset of its acknowledgement), and outbox.message_status()
--- answers "where is my message?".  outbox--1.6.sql is the same schema
+-- answers "where is my message?"; a subscription keeps its handler as text,
+-- so that pg_upgrade passes.  outbox--1.6.sql is the same schema
 -- written out whole; the upgrade test checks that both give the same
 -- objects.  Every existing row is kept; rows published before keep NULL
 -- places.
@@ -55,6 +56,46 @@ $guard$;
 ALTER TABLE outbox.outbox_message
     ADD COLUMN published_partition integer,
     ADD COLUMN published_offset    bigint;
+
+-- pg_upgrade refuses a table with a regprocedure column, and function oids
+-- would not survive it anyway: a subscription keeps its handler's
+-- signature as schema-qualified text instead, resolved by name when the
+-- workers read it.  A subscription whose function no longer exists keeps a
+-- name that resolves to nothing and says so.  The view that shows the
+-- column is made again around the change.
+CREATE FUNCTION outbox._handler_signature(h regprocedure) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
+    SELECT CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_proc p WHERE p.oid OPERATOR(pg_catalog.=) h)
+                THEN h::pg_catalog.text
+                ELSE pg_catalog.format('outbox.%I()', 'dropped handler ' OPERATOR(pg_catalog.||) h::pg_catalog.oid::pg_catalog.text)
+           END
+$$;
+DROP VIEW outbox.inbox_stats;
+ALTER TABLE outbox.inbox_subscription
+    ALTER COLUMN handler TYPE text USING outbox._handler_signature(handler);
+DROP FUNCTION outbox._handler_signature(regprocedure);
+CREATE OR REPLACE VIEW outbox.inbox_stats AS
+    SELECT s.topic, s.handler, s.owner,
+           (SELECT count(*) FROM outbox.inbox_message m
+             WHERE NOT m.processed AND m.topic = s.topic AND m.parked_at IS NULL) AS waiting,
+           (SELECT extract(epoch FROM pg_catalog.clock_timestamp() - min(m.received_at))
+              FROM outbox.inbox_message m
+             WHERE NOT m.processed AND m.topic = s.topic AND m.parked_at IS NULL)::double precision
+               AS oldest_waiting_seconds,
+           (SELECT count(*) FROM outbox.inbox_message m
+             WHERE NOT m.processed AND m.topic = s.topic AND m.parked_at IS NOT NULL) AS parked,
+           (SELECT count(*) FROM outbox.inbox_message m
+             WHERE m.processed AND m.topic = s.topic
+               AND m.processed_at > pg_catalog.clock_timestamp() - interval '10 seconds')::double precision
+               / 10 AS handled_per_second,
+           coalesce((SELECT i.derived_event_ids FROM outbox.inbox_intake i WHERE i.topic = s.topic),
+                    0) AS derived_event_ids,
+           (SELECT i.last_note FROM outbox.inbox_intake i WHERE i.topic = s.topic)
+               AS last_intake_note,
+           (SELECT i.last_note_at FROM outbox.inbox_intake i WHERE i.topic = s.topic)
+               AS last_intake_note_at
+      FROM outbox.inbox_subscription s;
+GRANT SELECT ON outbox.inbox_stats TO pg_monitor;
 
 -- A replayed message forgets where its last copy went.
 CREATE OR REPLACE FUNCTION outbox.replay(since timestamptz, until timestamptz DEFAULT now(),

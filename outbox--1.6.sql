@@ -201,10 +201,16 @@ CREATE INDEX ix_inbox_message_unprocessed_topic ON outbox.inbox_message (topic, 
 
 -- Which function handles each topic, and who subscribed it (its owner).
 -- A handler runs as the role that owns the function; only
--- outbox.inbox_subscribe() writes here (see it for who may).
+-- outbox.inbox_subscribe() writes here (see it for who may).  handler is
+-- the function's signature as text, schema-qualified
+-- ('public.handle(outbox.inbox_message)'), resolved by name each time the
+-- workers read the subscriptions: function oids do not survive pg_upgrade,
+-- and pg_upgrade refuses a table that stores a regprocedure (schema 1.6;
+-- before, the column was one).  A handler dropped or renamed since is
+-- reported by name, and its records wait.
 CREATE TABLE outbox.inbox_subscription (
     topic       text         PRIMARY KEY,
-    handler     regprocedure NOT NULL,
+    handler     text         NOT NULL,
     owner       regrole      NOT NULL,
     created_at  timestamptz  NOT NULL DEFAULT now()
 );

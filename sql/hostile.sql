@@ -67,7 +67,7 @@ RESET ROLE;
 SELECT topic, handler, owner FROM outbox.inbox_subscription ORDER BY topic;
 -- A superuser may subscribe any role's function: it runs as that role.
 SELECT outbox.inbox_subscribe('payments', 'public.attacker_handler(outbox.inbox_message)');
-SELECT topic, owner, (SELECT proowner::regrole FROM pg_proc WHERE oid = handler) AS runs_as
+SELECT topic, owner, (SELECT proowner::regrole FROM pg_proc WHERE oid = to_regprocedure(handler)) AS runs_as
   FROM outbox.inbox_subscription ORDER BY topic;
 
 -- Secrets: outbox.kafka_config refuses them, and no error repeats a value

@@ -63,8 +63,24 @@ VALUES ('00000000-0000-7000-8000-0000000000a1', 'payments.events', '{"n": 1}', '
        ('00000000-0000-7000-8000-0000000000a2', 'payments.events', '{"n": 2}', '{}', false),
        ('00000000-0000-7000-8000-0000000000a3', 'orders.events', '{"n": 3}', '{}', false);
 
+-- Subscriptions of 1.5, whose handler was a regprocedure (which pg_upgrade
+-- refuses): 1.6 keeps each as its qualified signature, and one whose
+-- function was dropped as a name that resolves to nothing.
+ALTER EXTENSION outbox UPDATE TO '1.5';
+CREATE FUNCTION public.regress_keep(m outbox.inbox_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+CREATE FUNCTION public.regress_gone(m outbox.inbox_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+SELECT outbox.inbox_subscribe('kept.events', 'public.regress_keep(outbox.inbox_message)');
+SELECT outbox.inbox_subscribe('gone.events', 'public.regress_gone(outbox.inbox_message)');
+DROP FUNCTION public.regress_gone(outbox.inbox_message);
+
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+SELECT topic, CASE WHEN handler LIKE 'outbox."dropped handler %"()' THEN 'outbox."dropped handler <oid>"()'
+                   ELSE handler END AS handler,
+       to_regprocedure(handler) IS NOT NULL AS resolves, pg_typeof(handler) AS stored_as
+  FROM outbox.inbox_subscription ORDER BY topic;
+SELECT outbox.inbox_subscribe('gone.events', 'public.regress_keep(outbox.inbox_message)');
+SELECT topic, handler FROM outbox.inbox_subscription ORDER BY topic;
 SELECT pg_catalog.has_table_privilege('regress_outbox_old_subscriber', 'outbox.inbox_subscription',
                                       'INSERT, UPDATE, DELETE') AS old_subscriber_may_write;
 
@@ -115,6 +131,7 @@ SELECT pg_describe_object(classid, objid, 0) AS object
           WHERE t.oid = objid AND (t.typrelid <> 0 OR e.typrelid <> 0)))
  ORDER BY 1;
 
+DROP FUNCTION public.regress_keep(outbox.inbox_message);
 DROP EXTENSION outbox;
 DROP OWNED BY regress_outbox_old_writer;
 DROP ROLE regress_outbox_old_writer;

@@ -437,11 +437,15 @@ long handler_turn(OutboxWorker *w) {
         if (!sub.exists || !sub.allowed) {
             if (!pace->said_skipped)
                 ereport(WARNING,
-                        (errmsg("%s: the records of topic \"%s\" wait: %s", w->label, sub.topic,
-                                !sub.exists ? "its handler function no longer exists"
+                        (errmsg("%s: the records of topic \"%s\" wait: %s %s", w->label,
+                                sub.topic,
+                                !sub.exists ? "its handler function no longer exists:"
                                             : "the role that subscribed it may no longer have "
-                                              "that handler run (its owner's privileges)"),
-                         errhint("Subscribe the topic again with outbox.inbox_subscribe().")));
+                                              "this handler run (its owner's privileges):",
+                                sub.handler_name ? sub.handler_name : "?"),
+                         errhint("A handler is found by its schema, name and argument types: "
+                                 "one dropped, renamed or moved since it was subscribed is not. "
+                                 "Subscribe the topic again with outbox.inbox_subscribe().")));
             pace->said_skipped = true;
             continue;
         }

@@ -119,7 +119,9 @@ int outbox_inbox_subscriptions(OutboxSubscription **subs) {
         bool isnull;
         OutboxSubscription &s = (*subs)[i];
         s.topic = outbox_col_text(i, sql::kSubTopic);
-        s.handler = DatumGetObjectId(outbox_col(i, sql::kSubHandler, &isnull));
+        Datum handler = outbox_col(i, sql::kSubHandler, &isnull);
+        s.handler = isnull ? InvalidOid : DatumGetObjectId(handler);
+        s.handler_name = outbox_col_text(i, sql::kSubHandlerName);
         Datum owner = outbox_col(i, sql::kSubFunctionOwner, &isnull);
         s.exists = !isnull;
         s.owner = isnull ? InvalidOid : DatumGetObjectId(owner);

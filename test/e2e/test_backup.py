@@ -134,7 +134,7 @@ class Backups(unittest.TestCase):
                                             "'payments', '{}')", dbname=db))
                 # The subscription keeps its owner and its handler's owner.
                 self.assertEqual(dst.sql("SELECT owner::text, (SELECT proowner::regrole::text FROM pg_proc "
-                                         "WHERE oid = handler) FROM outbox.inbox_subscription",
+                                         "WHERE oid = to_regprocedure(handler)) FROM outbox.inbox_subscription",
                                          dbname=db), [("postgres", "regress_payments_owner")])
                 self.assertIn(new, self.ids(dst, db, "published_at IS NOT NULL"))
 
@@ -185,7 +185,7 @@ class Backups(unittest.TestCase):
             self.assertEqual(dst.scalar("SELECT count(*) FROM outbox.outbox_message "
                                         "WHERE published_at IS NOT NULL", dbname="app"), 60)
             self.assertEqual(dst.scalar("SELECT (SELECT proowner::regrole::text FROM pg_proc "
-                                        "WHERE oid = handler) FROM outbox.inbox_subscription",
+                                        "WHERE oid = to_regprocedure(handler)) FROM outbox.inbox_subscription",
                                         dbname="app"), "regress_payments_owner")
         finally:
             dst.destroy()

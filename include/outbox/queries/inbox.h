@@ -37,7 +37,8 @@ void outbox_inbox_note_intake(const char *topic, int64 n, const char *note);
 
 struct OutboxSubscription {
     char *topic;
-    Oid handler;
+    Oid handler;   // InvalidOid when its signature resolves to no function
+    char *handler_name;  // its signature, as subscribed
     Oid owner;     // the handler function's owner: it runs as that role
     bool exists;   // the function is still there
     bool batch;    // it takes outbox.inbox_message[]

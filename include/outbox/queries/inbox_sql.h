@@ -65,13 +65,18 @@ inline constexpr const char kNoteIntake[] =
 // as that role), whether it takes a batch (outbox.inbox_message[]), and
 // whether the subscription's owner may still have it run (a superuser, or a
 // role with the privileges of the function's owner).  A handler that no
-// longer exists has a NULL owner.
+// longer exists has a NULL owner.  The handler is looked up by its
+// signature (text from schema 1.6, a regprocedure before: its text under
+// the workers' pinned search_path is qualified, so both read alike), and
+// its signature comes back for the messages.
 inline constexpr const char kSubscriptions[] =
-    "SELECT s.topic, s.handler::pg_catalog.oid, p.proowner,"
+    "SELECT s.topic, p.oid, p.proowner,"
     " p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype,"
     " (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
-    " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE')"
-    " FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+    " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE'),"
+    " s.handler::pg_catalog.text"
+    " FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p"
+    " ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text)"
     " ORDER BY s.topic";
 
 enum SubscriptionColumn {
@@ -80,6 +85,7 @@ enum SubscriptionColumn {
     kSubFunctionOwner,
     kSubBatch,
     kSubAllowed,
+    kSubHandlerName,
 };
 
 // Keys of topic $1 whose earliest unprocessed record waits for a retry:
@@ -137,11 +143,16 @@ namespace outbox::sql::inbox_api {
 // The subscription of topic $1: its owner and its handler's owner.
 inline constexpr const char kSubscriptionOf[] =
     "SELECT s.owner::pg_catalog.oid,"
-    " (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = s.handler)"
+    " (SELECT p.proowner FROM pg_catalog.pg_proc p"
+    " WHERE p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text))"
     " FROM outbox.inbox_subscription s WHERE s.topic = $1";
 
+// $2 is the handler as a regprocedure: the text column of schema 1.6 takes
+// it as text, schema-qualified (inbox_subscribe() runs with search_path
+// pg_catalog), the regprocedure column before as it is.
 inline constexpr const char kSubscribe[] =
-    "INSERT INTO outbox.inbox_subscription AS s (topic, handler, owner) VALUES ($1, $2, $3)"
+    "INSERT INTO outbox.inbox_subscription AS s (topic, handler, owner)"
+    " VALUES ($1, $2::pg_catalog.regprocedure, $3)"
     " ON CONFLICT (topic) DO UPDATE SET handler = excluded.handler, owner = excluded.owner,"
     " created_at = pg_catalog.now()";
 
