@@ -66,6 +66,14 @@ else
   done
 fi
 
+if [ -z "${OUTBOX_E2E:-}" ]; then
+  # pg_upgrade within one major version, --link: its checks and binary-upgrade
+  # restore are those of a major move (the sid tree moves 17 -> 18, copying).
+  major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+  step "pg_upgrade with pg outbox in the cluster ($major -> $major, --link)"
+  bash test/major-upgrade-test.sh "$major" "$major" link
+fi
+
 step "the Debian package (build, apt-get install, CREATE EXTENSION and a write() from the installed files)"
 bash test/package-test.sh
 
