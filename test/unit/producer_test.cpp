@@ -123,6 +123,7 @@ std::set<int64_t> acked(const Producer &p) {
 struct Consumed {
     std::string key, value;
     int32_t partition;
+    int64_t offset;
     std::map<std::string, std::string> headers;
 };
 
@@ -150,6 +151,7 @@ std::vector<Consumed> consume_all(const MockCluster &c, const std::string &topic
             c.key.assign(static_cast<const char *>(m->key), m->key_len);
             c.value.assign(static_cast<const char *>(m->payload), m->len);
             c.partition = m->partition;
+            c.offset = m->offset;
             rd_kafka_headers_t *hdrs = nullptr;
             if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
                 const char *name;
@@ -187,6 +189,44 @@ TEST(Producer, DeliversABatchAndReportsEveryAck) {
     EXPECT_EQ(*ids.begin(), 1);
     EXPECT_EQ(*ids.rbegin(), 200);
     EXPECT_EQ(p->broker_state(), BrokerState::Up);
+}
+
+// A mark is an offset: every acknowledgement carries the partition and
+// offset Kafka gave the record, and that place holds exactly that record.
+TEST(Producer, EveryAckCarriesThePlaceOfItsRecord) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows;
+    for (int i = 1; i <= 60; i++) rows.push_back(row(i, "key-" + std::to_string(i % 5)));
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    ASSERT_EQ(p->batch_acked_count() + p->late_acked_count(), 60u);
+    std::map<std::pair<int32_t, int64_t>, int64_t> id_at;  // (partition, offset) -> id
+    auto take = [&](const int64_t *ids, const int32_t *parts, const int64_t *offs, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+            EXPECT_GE(parts[i], 0) << "id " << ids[i];
+            EXPECT_GE(offs[i], 0) << "id " << ids[i];
+            EXPECT_TRUE(id_at.emplace(std::make_pair(parts[i], offs[i]), ids[i]).second)
+                << "two acks name one place";
+        }
+    };
+    take(p->batch_acked_ids(), p->batch_acked_partitions(), p->batch_acked_offsets(),
+         p->batch_acked_count());
+    take(p->late_acked_ids(), p->late_acked_partitions(), p->late_acked_offsets(),
+         p->late_acked_count());
+    auto got = consume_all(cluster, "orders", 60);
+    ASSERT_EQ(got.size(), 60u);
+    for (const Consumed &c : got) {
+        auto at = id_at.find({c.partition, c.offset});
+        ASSERT_NE(at, id_at.end()) << "no ack names partition " << c.partition << " offset "
+                                   << c.offset;
+        // row(i, ...)'s value names its id (see row()).
+        EXPECT_NE(c.value.find("\"n\": " + std::to_string(at->second) + "}"), std::string::npos)
+            << "partition " << c.partition << " offset " << c.offset << " holds " << c.value
+            << ", not row " << at->second;
+    }
 }
 
 TEST(Producer, WakesTheCallerThroughTheFd) {
