@@ -35,12 +35,12 @@ EXPLAIN (COSTS OFF) EXECUTE mark_claimed('{"(0,1)"}');
 PREPARE mark(bigint[]) AS UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp() WHERE id = ANY($1) AND published_at IS NULL;
 EXPLAIN (COSTS OFF) EXECUTE mark('{1}');
 -- From schema 1.6 the marks carry each record's partition and offset: a
--- nested loop over the arrays, each row found by its ctid (a TID scan) or
+-- join with the arrays, each row found by its ctid (a TID scan) or
 -- by the pending index, never a scan of the table.
 PREPARE mark_claimed_at(tid[], int4[], int8[]) AS UPDATE outbox.outbox_message m SET published_at = pg_catalog.statement_timestamp(), published_partition = a.p, published_offset = a.o FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.tid[]), pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[])) AS a(t, p, o) WHERE m.ctid = a.t;
-EXPLAIN (COSTS OFF) EXECUTE mark_claimed_at('{"(0,1)"}', '{0}', '{5}');
+SELECT * FROM pg_temp.scans($$EXECUTE mark_claimed_at('{"(0,1)"}', '{0}', '{5}')$$);
 PREPARE mark_at(bigint[], int4[], int8[]) AS UPDATE outbox.outbox_message m SET published_at = pg_catalog.statement_timestamp(), published_partition = a.p, published_offset = a.o FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.int8[])) AS a(i, p, o) WHERE m.id = ANY($1) AND m.id = a.i AND m.published_at IS NULL;
-EXPLAIN (COSTS OFF) EXECUTE mark_at('{1}', '{0}', '{5}');
+SELECT * FROM pg_temp.scans($$EXECUTE mark_at('{1}', '{0}', '{5}')$$);
 PREPARE fail(bigint[], text, boolean, int, boolean, float8, float8) AS UPDATE outbox.outbox_message m SET attempts = m.attempts + 1, last_error = $2, parked_at = CASE WHEN $5 OR ($3 AND m.attempts + 1 >= $4) THEN pg_catalog.statement_timestamp() ELSE m.parked_at END, next_attempt_at = CASE WHEN $3 AND NOT $5 AND m.attempts + 1 < $4 THEN pg_catalog.statement_timestamp() + pg_catalog.make_interval(secs => LEAST($7::float8, $6::float8 * pg_catalog.power(2::float8, m.attempts::float8))) END WHERE m.id = ANY($1) AND m.published_at IS NULL RETURNING m.message_id::text, m.topic, m.attempts, m.parked_at IS NOT NULL AS parked_now, m.last_error, m.id, m.next_attempt_at - pg_catalog.statement_timestamp() AS waits;
 EXPLAIN (COSTS OFF) EXECUTE fail('{1}', 'x', true, 10, false, 1, 60);
 PREPARE retention_published(timestamptz, int, bigint, bigint) AS DELETE FROM outbox.outbox_message WHERE id IN (SELECT id FROM outbox.outbox_message WHERE id >= $3 AND id < $4 AND published_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) AND published_at < $1 RETURNING id;
