@@ -150,11 +150,15 @@ class Tls:
 class KafkaCluster:
     """Apache Kafka in KRaft mode on 127.0.0.1: `nodes` combined broker/controllers."""
 
-    def __init__(self, nodes=3, auto_create=None, sasl=False, scram_users=None, authorizer=None):
+    def __init__(self, nodes=3, auto_create=None, sasl=False, scram_users=None, authorizer=None,
+                 plain_users=None):
         self.n = nodes
+        # A SASL_PLAINTEXT listener with PLAIN for these users (no TLS to make): a principal
+        # that ACLs apply to, where PLAINTEXT's ANONYMOUS is a super user.
+        self.plain_users = plain_users or {}
         self.auto_create = (nodes == 1) if auto_create is None else auto_create
         self.sasl = sasl
-        self.authorizer = sasl if authorizer is None else authorizer
+        self.authorizer = (sasl or bool(self.plain_users)) if authorizer is None else authorizer
         self.scram_users = scram_users or {"outbox": "outbox-secret-1"}
         self.dir = tempfile.mkdtemp(prefix="outbox-kafka-")
         os.chmod(self.dir, 0o755)
@@ -162,10 +166,12 @@ class KafkaCluster:
         self.port = {i: free_port() for i in self.ids}
         self.controller_port = {i: free_port() for i in self.ids}
         self.sasl_port = {i: free_port() for i in self.ids} if sasl else {}
+        self.plain_port = {i: free_port() for i in self.ids} if self.plain_users else {}
         self.procs = {}
         self.tls = Tls(self.dir) if sasl else None
         self.bootstrap = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.ids)
         self.sasl_bootstrap = ",".join(f"127.0.0.1:{self.sasl_port[i]}" for i in self.ids) if sasl else ""
+        self.plain_bootstrap = ",".join(f"127.0.0.1:{self.plain_port[i]}" for i in self.ids)
 
     def node_dir(self, i):
         return os.path.join(self.dir, f"node-{i}")
@@ -181,6 +187,9 @@ class KafkaCluster:
         if self.sasl:
             listeners.append(f"SASL_SSL://127.0.0.1:{self.sasl_port[i]}")
             advertised.append(f"SASL_SSL://127.0.0.1:{self.sasl_port[i]}")
+        if self.plain_users:
+            listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{self.plain_port[i]}")
+            advertised.append(f"SASL_PLAINTEXT://127.0.0.1:{self.plain_port[i]}")
         listeners.append(f"CONTROLLER://127.0.0.1:{self.controller_port[i]}")
         props = {
             "process.roles": "broker,controller",
@@ -189,7 +198,8 @@ class KafkaCluster:
                                                  for j in self.ids),
             "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,"
+                                              "SASL_PLAINTEXT:SASL_PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": os.path.join(self.node_dir(i), "data"),
@@ -232,6 +242,15 @@ class KafkaCluster:
                 "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
                 "listener.name.sasl_ssl.ssl.keystore.location": self.tls.keystore,
             })
+        if self.plain_users:
+            props.update({
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    + " ".join(f'user_{u}="{p}"' for u, p in self.plain_users.items()) + ";",
+            })
+            if not self.sasl:
+                props["sasl.enabled.mechanisms"] = "PLAIN"
         if self.authorizer:
             props.update({
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
@@ -329,6 +348,9 @@ class KafkaCluster:
 
     def deny_write(self, topic, principal):
         java_tool("deny-write", self.bootstrap, topic, principal)
+
+    def allow_describe(self, topic, principal):
+        java_tool("allow-describe", self.bootstrap, topic, principal)
 
     def quorum_leader(self):
         up = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.running())
