@@ -529,7 +529,7 @@ void Producer::remember_refusal(const rd_kafka_message_t *msg, const std::string
     refusals_->note(rd_kafka_topic_name(msg->rkt), scope, msg->len + msg->key_len, text);
 }
 
-void Producer::charge_failed_transaction(int code, bool fatal, const std::string &error) {
+void Producer::charge_failed_transaction(int code, const std::string &error) {
     last_txn_unattributed_ = false;
     last_txn_topics_.clear();
     // Refused records reported it (they are failures already), or the
@@ -539,19 +539,23 @@ void Producer::charge_failed_transaction(int code, bool fatal, const std::string
     for (uint32_t t : txn_topic_)
         if (std::find(distinct.begin(), distinct.end(), t) == distinct.end()) distinct.push_back(t);
     if (!txn_refused_topics_.empty()) {
-        bool charged = false;
         for (std::size_t i = 0; i < txn_ids_.size() && i < txn_topic_.size(); ++i) {
             auto it = txn_refused_topics_.find(topics_[txn_topic_[i]].first);
             if (it == txn_refused_topics_.end()) continue;
             fail(txn_ids_[i], it->second + " (adding the topic's partition to the transaction)",
                  true);
-            charged = true;
         }
         if (refusals_)
             for (const auto &[topic, reason] : txn_refused_topics_)
                 refusals_->note(topic, TopicRefusals::Scope::Topic, 0, reason);
-        if (charged) return;
+        // Only those: a refused topic that no record of the transaction
+        // has is the progress topic, the relay's own (a missing ACL).
+        return;
     }
+    // The relay's own rights (its transactional id, the cluster): no row's.
+    if (code == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED ||
+        code == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED)
+        return;
     // A commit that timed out is an outcome not known (an outage, most
     // likely), not a refusal: recovery settles it.
     if (code == RD_KAFKA_RESP_ERR__TIMED_OUT || code == RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE) return;
@@ -559,7 +563,7 @@ void Producer::charge_failed_transaction(int code, bool fatal, const std::string
         // One topic: the failure is its records'.  Counted for good (they
         // wait, then are parked) when Kafka's code is a refusal; else only
         // counted.
-        bool permanent = is_permanent_error(code) || (fatal && code == RD_KAFKA_RESP_ERR_INVALID_TXN_STATE);
+        bool permanent = is_permanent_error(code);
         std::string text = error + " (a transaction of this topic's records only)";
         for (int64_t id : txn_ids_) fail(id, text, permanent);
         if (permanent && refusals_)
@@ -695,7 +699,7 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
             end_transaction_bookkeeping();
             return TxnOutcome::Fenced;
         }
-        charge_failed_transaction(code, fatal, error);
+        charge_failed_transaction(code, error);
         if (fatal || !abortable) {
             // A retriable error (timed out) leaves the outcome open: only a
             // new producer's init_transactions() settles it.

@@ -267,7 +267,7 @@ private:
     TopicRefusals *refusals_ = nullptr;
     void remember_refusal(const rd_kafka_message_s *msg, const std::string &text);
     // A failed commit: charges what caused it (see set_refusals()).
-    void charge_failed_transaction(int code, bool fatal, const std::string &error);
+    void charge_failed_transaction(int code, const std::string &error);
     uint64_t txn_digest_ = 0;           // and what they were
     // Transactional mode: topics the brokers said exist, and those they
     // said do not, in this batch.  A record for a topic that does not exist
