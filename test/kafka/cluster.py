@@ -171,7 +171,8 @@ class KafkaCluster:
         self.tls = Tls(self.dir) if sasl else None
         self.bootstrap = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.ids)
         self.sasl_bootstrap = ",".join(f"127.0.0.1:{self.sasl_port[i]}" for i in self.ids) if sasl else ""
-        self.plain_bootstrap = ",".join(f"127.0.0.1:{self.plain_port[i]}" for i in self.ids)
+        self.plain_bootstrap = ",".join(f"127.0.0.1:{self.plain_port[i]}" for i in self.ids
+                                        ) if self.plain_users else ""
 
     def node_dir(self, i):
         return os.path.join(self.dir, f"node-{i}")
