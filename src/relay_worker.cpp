@@ -138,6 +138,10 @@ struct RelayState {
     // Kafka refuses fails alone and is charged.  Rows of the others wait
     // (pending) meanwhile.
     std::vector<std::string> suspects;
+    // The producer was replaced after a transaction known not to be
+    // committed (eos_after_turn): its successor only registers the id; the
+    // progress topic has nothing to settle.
+    bool eos_light = false;
 };
 
 RelayState *state(OutboxWorker *w) { return static_cast<RelayState *>(w->state); }
@@ -575,6 +579,7 @@ void eos_stop(OutboxWorker *w, const char *why) {
     r->stopped_settings = outbox_keep_string(r->stopped_settings, r->link.built ? r->link.built : "");
     kafka_disconnect(r, 0);
     r->eos_ready = false;
+    r->eos_light = false;
     forget_progress(r);
 }
 
@@ -680,6 +685,23 @@ bool eos_recover(OutboxWorker *w) {
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     int timeout = Max(outbox_batch_timeout_ms, outbox::policy::kEosRecoveryTimeoutMs);
     char err[1024];
+    if (r->eos_light) {
+        // Nothing is open but what the new registration ends: the last
+        // transaction was not committed, and this database recorded the one
+        // before (r->seq); stale shares were fenced by the first recovery.
+        r->eos_light = false;
+        bool fenced = false;
+        if (txn_init(r, timeout, &fenced, err, sizeof err)) {
+            r->eos_ready = true;
+            return true;
+        }
+        if (fenced) {
+            eos_stop(w, err);
+            return false;
+        }
+        eos_retry_later(w, "registering the transactional id", err);
+        return false;
+    }
     if (!outbox_worker_begin(w, "pg outbox: exactly-once recovery")) return false;
     if (w->schema < kOutboxSchema15) {
         outbox_worker_commit(w);
@@ -886,6 +908,7 @@ void eos_after_turn(OutboxWorker *w) {
         // replaced at once, its records charged already.
         kafka_disconnect(r, 0);
         r->eos_ready = false;
+        r->eos_light = true;
     }
 }
 
@@ -1015,6 +1038,7 @@ bool ensure_producer(OutboxWorker *w) {
             if (now < r->reconfigure_deadline && !p->fatal()) return false;
         }
         ereport(LOG, (errmsg("%s: Kafka settings changed, reconnecting", w->label)));
+        r->eos_light = false;
         drain_step(w, 0);  // record what already came back
         kafka_disconnect(r, 0);
         r->reconfigure_deadline = 0;
