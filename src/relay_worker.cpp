@@ -37,6 +37,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "outbox/common/progress.h"
@@ -128,6 +129,19 @@ struct RelayState {
     bool eos_fenced = false;    // fenced during this turn: stop after it
     TimestampTz last_commit_at = 0;  // of the last Kafka transaction
     char eos_error[1024] = {0};
+    // What Kafka refused lately, per topic: such records are charged, not
+    // put into a transaction, until their retry time (docs/exactly-once.md,
+    // "What a refusal costs").  Outlives a replaced producer.
+    outbox::kafka::TopicRefusals refusals;
+    // Topics of a transaction whose failure no record could be charged
+    // with: tried one per transaction, first one first, so that the one
+    // Kafka refuses fails alone and is charged.  Rows of the others wait
+    // (pending) meanwhile.
+    std::vector<std::string> suspects;
+    // The producer was replaced after a transaction known not to be
+    // committed (eos_after_turn): its successor only registers the id; the
+    // progress topic has nothing to settle.
+    bool eos_light = false;
 };
 
 RelayState *state(OutboxWorker *w) { return static_cast<RelayState *>(w->state); }
@@ -143,6 +157,7 @@ bool kafka_connect(RelayState *r, int wake_fd, const char *brokers, const char *
         if (r->eos) s.transactional_id = r->tid;
         std::string error;
         r->producer = Producer::create(s, wake_fd, error);
+        if (r->producer && r->eos) r->producer->set_refusals(&r->refusals);
         return r->producer || report_error(err, errlen, error);
     } catch (const std::exception &e) {
         return report_error(err, errlen, e.what());
@@ -272,6 +287,21 @@ outbox::kafka::TxnOutcome txn_end(RelayState *r, bool commit, int timeout_ms, ch
     }
 }
 
+// Aborts a transaction whose acknowledgements did not all come back
+// (txn_await), charging what caused it; `err` holds why and gets the rest.
+outbox::kafka::TxnOutcome txn_abort_unacknowledged(RelayState *r, int timeout_ms, char *err,
+                                                   std::size_t errlen) noexcept {
+    try {
+        std::string error = err;
+        auto o = r->producer->abort_unacknowledged(timeout_ms, error);
+        report_error(err, errlen, error);
+        return o;
+    } catch (const std::exception &e) {
+        report_error(err, errlen, e.what());
+        return outbox::kafka::TxnOutcome::Unknown;
+    }
+}
+
 // Waits for the open transaction's acknowledgements; false with the
 // reason when one did not come back with an offset.
 bool txn_await(RelayState *r, int timeout_ms, char *err, std::size_t errlen) noexcept {
@@ -302,6 +332,41 @@ void set_tids(RelayState *r, uint64 system_identifier, const char *dbname, Outbo
         r->tid_prefix.clear();
         r->tid.clear();
     }
+}
+
+// After a failed transaction that charged no record: its topics become
+// suspects, each tried in a transaction of its own.  Returns how many.
+std::size_t suspect_topics(RelayState *r) noexcept {
+    try {
+        if (r->producer && r->producer->last_txn_unattributed())
+            r->suspects = r->producer->last_txn_topics();
+    } catch (...) {
+        r->suspects.clear();
+    }
+    return r->suspects.size();
+}
+
+// Isolating suspects: the claimed records of the first suspect topic that
+// has any, copied to `out` (room for n).  Suspects without records in this
+// claim are dropped.  Returns how many were copied; 0 when no suspect is
+// left (produce the claim as it is).
+std::size_t isolate_records(RelayState *r, const outbox::kafka::Record *in, std::size_t n,
+                            outbox::kafka::Record *out) noexcept {
+    while (!r->suspects.empty()) {
+        const std::string &topic = r->suspects.front();
+        std::size_t m = 0;
+        for (std::size_t i = 0; i < n; i++)
+            if (std::string_view(in[i].topic, in[i].topic_len) == topic) out[m++] = in[i];
+        if (m > 0) return m;
+        r->suspects.erase(r->suspects.begin());
+    }
+    return 0;
+}
+
+// The lone transaction of a suspect topic ended (committed, or charged):
+// the next one is tried.
+void suspect_done(RelayState *r) noexcept {
+    if (!r->suspects.empty()) r->suspects.erase(r->suspects.begin());
 }
 
 void forget_progress(RelayState *r) noexcept {
@@ -571,6 +636,7 @@ void eos_stop(OutboxWorker *w, const char *why) {
     r->stopped_settings = outbox_keep_string(r->stopped_settings, r->link.built ? r->link.built : "");
     kafka_disconnect(r, 0);
     r->eos_ready = false;
+    r->eos_light = false;
     forget_progress(r);
 }
 
@@ -678,6 +744,23 @@ bool eos_recover(OutboxWorker *w) {
     const char *config = outbox_kafka_config ? outbox_kafka_config : "";
     int timeout = Max(outbox_batch_timeout_ms, outbox::policy::kEosRecoveryTimeoutMs);
     char err[1024];
+    if (r->eos_light) {
+        // Nothing is open but what the new registration ends: the last
+        // transaction was not committed, and this database recorded the one
+        // before (r->seq); stale shares were fenced by the first recovery.
+        r->eos_light = false;
+        bool fenced = false;
+        if (txn_init(r, timeout, &fenced, err, sizeof err)) {
+            r->eos_ready = true;
+            return true;
+        }
+        if (fenced) {
+            eos_stop(w, err);
+            return false;
+        }
+        eos_retry_later(w, "registering the transactional id", err);
+        return false;
+    }
     if (!outbox_worker_begin(w, "pg outbox: exactly-once recovery")) return false;
     if (w->schema < kOutboxSchema15) {
         outbox_worker_commit(w);
@@ -765,9 +848,23 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
         long since = TimestampDifferenceMilliseconds(r->last_commit_at, GetCurrentTimestamp());
         if (since < outbox::policy::kTxnSettleMs) gather(outbox::policy::kTxnSettleMs - since);
     }
-    int produced = txn_produce(r, claim->records, static_cast<std::size_t>(claim->n),
-                               outbox_progress_topic ? outbox_progress_topic : "", seq, err,
-                               sizeof err);
+    // Isolating the topics of a failure no record was charged with: this
+    // transaction holds one of them only; the other rows stay pending.
+    const outbox::kafka::Record *records = claim->records;
+    std::size_t n = static_cast<std::size_t>(claim->n);
+    bool isolating = false;
+    if (!r->suspects.empty()) {
+        outbox::kafka::Record *lone =
+            static_cast<outbox::kafka::Record *>(palloc(sizeof(outbox::kafka::Record) * n));
+        std::size_t m = isolate_records(r, records, n, lone);
+        if (m > 0) {
+            records = lone;
+            n = m;
+            isolating = true;
+        }
+    }
+    int produced = txn_produce(r, records, n, outbox_progress_topic ? outbox_progress_topic : "",
+                               seq, err, sizeof err);
     using outbox::kafka::TxnOutcome;
     TxnOutcome o;
     std::size_t marked = 0;
@@ -786,9 +883,7 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
             o = txn_end(r, true, outbox_batch_timeout_ms, err, sizeof err);
             outbox_subtransaction_end(&sub, o == TxnOutcome::Committed);
         } else {
-            char abort_err[512];
-            abort_err[0] = '\0';
-            o = txn_end(r, false, outbox_batch_timeout_ms, abort_err, sizeof abort_err);
+            o = txn_abort_unacknowledged(r, outbox_batch_timeout_ms, err, sizeof err);
         }
     } else {
         char abort_err[512];
@@ -796,6 +891,7 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
         o = txn_end(r, false, outbox_batch_timeout_ms, abort_err, sizeof abort_err);
         if (!err[0]) strlcpy(err, abort_err, sizeof err);
     }
+    if (isolating && o != TxnOutcome::Fenced) suspect_done(r);
     switch (o) {
         case TxnOutcome::Committed: {
             r->last_commit_at = GetCurrentTimestamp();
@@ -810,7 +906,14 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
             return marked;
         }
         case TxnOutcome::Aborted:
-            if (err[0] && r->producer->failed_count() == 0) {
+            if (!isolating && suspect_topics(r) > 0) {
+                // Kafka refused something and said not what: its topics
+                // go one per transaction, at once (no backoff).
+                ereport(LOG, (errmsg("%s: Kafka transaction %lld failed without naming a record "
+                                     "(%s): its %zu topics are tried one per transaction",
+                                     w->label, static_cast<long long>(seq), err,
+                                     r->suspects.size())));
+            } else if (err[0] && r->producer->failed_count() == 0) {
                 // Not a record's refusal (those are failures, recorded by
                 // the caller): the progress topic, the coordinator.
                 outbox_stats_error(err);
@@ -830,6 +933,7 @@ std::size_t publish_transaction(OutboxWorker *w, const OutboxClaim *claim) {
                                  "it is settled before the next claim",
                                  w->label, static_cast<long long>(seq), err)));
             r->eos_unknown = true;
+            if (!isolating) suspect_topics(r);
             return 0;
     }
 }
@@ -851,6 +955,13 @@ void eos_after_turn(OutboxWorker *w) {
         kafka_disconnect(r, 0);
         r->eos_ready = false;
         backoff_after_failure(r);
+    } else if (r->producer && r->producer->fatal()) {
+        // A transaction known not to be committed left the producer unable
+        // to go on (librdkafka 2.0.2 after a topic Kafka would not add):
+        // replaced at once, its records charged already.
+        kafka_disconnect(r, 0);
+        r->eos_ready = false;
+        r->eos_light = true;
     }
 }
 
@@ -980,6 +1091,7 @@ bool ensure_producer(OutboxWorker *w) {
             if (now < r->reconfigure_deadline && !p->fatal()) return false;
         }
         ereport(LOG, (errmsg("%s: Kafka settings changed, reconnecting", w->label)));
+        r->eos_light = false;
         drain_step(w, 0);  // record what already came back
         kafka_disconnect(r, 0);
         r->reconfigure_deadline = 0;

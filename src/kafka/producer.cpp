@@ -8,6 +8,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace outbox::kafka {
@@ -254,6 +255,20 @@ void Producer::produce_one(const Record &r) {
         hold();
         return;
     }
+    auto topic_index = static_cast<uint32_t>(last_topic_);
+    // Refused lately (exactly once): not into this transaction before its
+    // retry time, charged with Kafka's remembered reason.
+    if (transactional_ && refusals_ && !refusals_->empty()) {
+        std::string remembered;
+        if (refusals_->refused(std::string_view(r.topic, r.topic_len), r.key != nullptr,
+                               (r.value ? r.value_len : 0) + (r.key ? r.key_len : 0),
+                               remembered)) {
+            rd_kafka_headers_destroy(hdrs);
+            fail(r.id, std::move(remembered), true);
+            hold();
+            return;
+        }
+    }
     if (transactional_ && !topic_exists(std::string_view(r.topic, r.topic_len), rkt)) {
         rd_kafka_headers_destroy(hdrs);
         fail(r.id, refusal_text(RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, r), true);
@@ -282,6 +297,7 @@ void Producer::produce_one(const Record &r) {
         if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {  // librdkafka owns hdrs now
             if (transactional_) {
                 txn_ids_.push_back(r.id);
+                txn_topic_.push_back(topic_index);
                 txn_digest_ += progress::row_digest(r.id, r.event_id ? r.event_id : "");
             }
             return;
@@ -429,6 +445,7 @@ void Producer::not_delivered(Batch *batch, const Slot *slot, int64_t id, const s
         last_logged_delivery_error_ = why;
     }
     fail(id, why, false);
+    if (transactional_) ++txn_dr_failures_;
     if (!slot->keyed) return;
     std::string_view key(batch->keys.data() + slot->key_offset, slot->key_length);
     for (const Slot *s = slot + 1; s < batch->slots.data() + batch->slots.size(); ++s) {
@@ -504,6 +521,7 @@ void Producer::outcome(const rd_kafka_message_t *msg, Batch *batch, const Slot *
         log_.add(LogLevel::Warning, "delivery failed: " + text);
         last_logged_delivery_error_ = text;
     }
+    if (transactional_) remember_refusal(msg, text);
     fail(id, std::move(text), is_permanent_error(msg->err));
 }
 
@@ -551,6 +569,80 @@ void Producer::on_log(const rd_kafka_t *rk, int level, const char *fac, const ch
 
 void Producer::logged(int level, const char *fac, const char *buf) {
     log_.add_librdkafka(level, fac, buf);
+    // librdkafka names the topic Kafka would not add to a transaction only
+    // here (2.0.2: 'Failed to add partition "t" [0] to transaction: Broker:
+    // Topic authorization failed'); the partitions of the same request that
+    // were "not attempted" are not refused.
+    static const char kPrefix[] = "Failed to add partition \"";
+    if (!transactional_ || !fac || !buf || strcmp(fac, "ADDPARTS") != 0) return;
+    const char *at = strstr(buf, kPrefix);
+    if (!at) return;
+    at += sizeof kPrefix - 1;
+    const char *end = strchr(at, '"');
+    const char *why = end ? strstr(end, "to transaction: ") : nullptr;
+    if (!why) return;
+    why += strlen("to transaction: ");
+    if (strstr(why, "not attempted")) return;
+    txn_refused_topics_.emplace(std::string(at, static_cast<std::size_t>(end - at)), why);
+}
+
+// A record Kafka refused in a transaction: what of its topic it will
+// refuse again (TopicRefusals::Scope).
+void Producer::remember_refusal(const rd_kafka_message_t *msg, const std::string &text) {
+    ++txn_dr_failures_;
+    if (!refusals_ || !is_permanent_error(msg->err) || !msg->rkt) return;
+    TopicRefusals::Scope scope = TopicRefusals::Scope::Topic;
+    if (msg->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+        msg->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)
+        scope = TopicRefusals::Scope::Size;
+    else if (msg->err == RD_KAFKA_RESP_ERR_INVALID_RECORD && !msg->key)
+        scope = TopicRefusals::Scope::Keyless;
+    refusals_->note(rd_kafka_topic_name(msg->rkt), scope, msg->len + msg->key_len, text);
+}
+
+void Producer::charge_failed_transaction(int code, const std::string &error) {
+    last_txn_unattributed_ = false;
+    last_txn_topics_.clear();
+    // Refused records reported it (they are failures already), or the
+    // progress record did (the relay's own topic: no row's fault).
+    if (txn_dr_failures_ > 0 || !progress_error_.empty() || txn_ids_.empty()) return;
+    std::vector<uint32_t> distinct;
+    for (uint32_t t : txn_topic_)
+        if (std::find(distinct.begin(), distinct.end(), t) == distinct.end()) distinct.push_back(t);
+    if (!txn_refused_topics_.empty()) {
+        for (std::size_t i = 0; i < txn_ids_.size() && i < txn_topic_.size(); ++i) {
+            auto it = txn_refused_topics_.find(topics_[txn_topic_[i]].first);
+            if (it == txn_refused_topics_.end()) continue;
+            fail(txn_ids_[i], it->second + " (adding the topic's partition to the transaction)",
+                 true);
+        }
+        if (refusals_)
+            for (const auto &[topic, reason] : txn_refused_topics_)
+                refusals_->note(topic, TopicRefusals::Scope::Topic, 0, reason);
+        // Only those: a refused topic that no record of the transaction
+        // has is the progress topic, the relay's own (a missing ACL).
+        return;
+    }
+    // The relay's own rights (its transactional id, the cluster): no row's.
+    if (code == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED ||
+        code == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED)
+        return;
+    // A commit that timed out is an outcome not known (an outage, most
+    // likely), not a refusal: recovery settles it.
+    if (code == RD_KAFKA_RESP_ERR__TIMED_OUT || code == RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE) return;
+    if (distinct.size() == 1) {
+        // One topic: the failure is its records'.  Counted for good (they
+        // wait, then are parked) when Kafka's code is a refusal; else only
+        // counted.
+        bool permanent = is_permanent_error(code);
+        std::string text = error + " (a transaction of this topic's records only)";
+        for (int64_t id : txn_ids_) fail(id, text, permanent);
+        if (permanent && refusals_)
+            refusals_->note(topics_[distinct[0]].first, TopicRefusals::Scope::Topic, 0, error);
+        return;
+    }
+    last_txn_unattributed_ = true;
+    for (uint32_t t : distinct) last_txn_topics_.push_back(topics_[t].first);
 }
 
 // ---- transactions ----
@@ -604,6 +696,11 @@ bool Producer::init_transactions(int timeout_ms, std::string &error, bool &fence
 bool Producer::begin_transaction(std::string &error) noexcept {
     try {
         txn_ids_.clear();
+        txn_topic_.clear();
+        txn_refused_topics_.clear();
+        txn_dr_failures_ = 0;
+        last_txn_unattributed_ = false;
+        last_txn_topics_.clear();
         txn_digest_ = 0;
         progress_error_.clear();
         progress_acked_ = progress_produced_ = false;
@@ -648,22 +745,42 @@ void Producer::end_transaction_bookkeeping() noexcept {
     in_flight_ = 0;
     acked_late_.clear();
     txn_ids_.clear();
+    txn_topic_.clear();
     txn_digest_ = 0;
 }
 
 bool Producer::await_transaction(int timeout_ms, std::string &error) noexcept {
     try {
-        bool progress_waits = progress_produced_ && !progress_acked_;
-        if (in_flight_ > 0 || (progress_waits && progress_error_.empty()))
-            rd_kafka_flush(rk_, timeout_ms);
+        // In steps, so that a topic Kafka would not add to the transaction
+        // (named only in librdkafka's log, its records then never sent)
+        // ends the wait at once instead of at the timeout.
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        auto waiting = [&] {
+            return in_flight_ > 0 ||
+                   (progress_produced_ && !progress_acked_ && progress_error_.empty());
+        };
+        while (waiting() && txn_refused_topics_.empty()) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+            if (left <= 0) break;
+            rd_kafka_flush(rk_, static_cast<int>(std::min<long long>(left, 50)));
+        }
         rd_kafka_poll(rk_, 0);
+        awaited_timed_out_ = false;
         if (!progress_error_.empty()) {
             error = progress_error_;
             return false;
         }
-        progress_waits = progress_produced_ && !progress_acked_;
+        if (!txn_refused_topics_.empty()) {
+            const auto &[topic, why] = *txn_refused_topics_.begin();
+            error = "Kafka would not add topic \"" + topic + "\" to the transaction: " + why;
+            return false;
+        }
+        bool progress_waits = progress_produced_ && !progress_acked_;
         if (acked_.size() == txn_ids_.size() && !progress_waits) return true;
         if (in_flight_ > 0 || progress_waits) {
+            awaited_timed_out_ = true;
             error = "Kafka did not acknowledge the transaction's records within outbox.batch_timeout";
             return false;
         }
@@ -677,16 +794,39 @@ bool Producer::await_transaction(int timeout_ms, std::string &error) noexcept {
     }
 }
 
+TxnOutcome Producer::abort_unacknowledged(int timeout_ms, std::string &error) noexcept {
+    try {
+        // Kafka was never asked to commit: charge what caused it, then the
+        // transaction is aborted whatever the abort says.
+        last_error_ = error;
+        charge_failed_transaction(awaited_timed_out_ ? RD_KAFKA_RESP_ERR__TIMED_OUT
+                                                     : RD_KAFKA_RESP_ERR__INCONSISTENT,
+                                  error);
+        std::string abort_error;
+        TxnOutcome o = abort_transaction(timeout_ms, abort_error);
+        if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
+        if (o == TxnOutcome::Unknown) {
+            // librdkafka 2.0.2 fails this abort fatally (INVALID_TXN_STATE)
+            // when Kafka added none of the transaction's partitions: the
+            // producer is replaced, its successor's registration ends what
+            // is open.  Nothing was committed.
+            fatal_ = true;
+            return TxnOutcome::Aborted;
+        }
+        return o;
+    } catch (...) {
+        error = "out of memory";
+        end_transaction_bookkeeping();
+        return TxnOutcome::Unknown;
+    }
+}
+
 TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noexcept {
     try {
         // Every record acknowledged with its offset, or no commit: a
         // transaction may not commit over a record Kafka did not write.
-        if (!txn_ids_.empty() && !await_transaction(timeout_ms, error)) {
-            std::string abort_error;
-            TxnOutcome o = abort_transaction(timeout_ms, abort_error);
-            if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
-            return o;
-        }
+        if (!txn_ids_.empty() && !await_transaction(timeout_ms, error))
+            return abort_unacknowledged(timeout_ms, error);
         rd_kafka_error_t *e = rd_kafka_commit_transaction(rk_, timeout_ms);
         rd_kafka_poll(rk_, 0);
         if (!e) {
@@ -699,6 +839,7 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
         bool abortable = rd_kafka_error_txn_requires_abort(e);
         bool fenced = is_fenced(e) || fenced_;
         bool fatal = rd_kafka_error_is_fatal(e);
+        int code = rd_kafka_error_code(e);
         error = take_error(e);
         if (!progress_error_.empty()) error = progress_error_ + "; " + error;
         last_error_ = error;
@@ -708,6 +849,7 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
             end_transaction_bookkeeping();
             return TxnOutcome::Fenced;
         }
+        charge_failed_transaction(code, error);
         if (fatal || !abortable) {
             // A retriable error (timed out) leaves the outcome open: only a
             // new producer's init_transactions() settles it.
@@ -718,6 +860,16 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
         std::string abort_error;
         TxnOutcome o = abort_transaction(timeout_ms, abort_error);
         if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
+        if (o == TxnOutcome::Unknown) {
+            // The commit failed before Kafka was asked to commit (an
+            // abortable error): the transaction is not committed, whatever
+            // the abort says.  librdkafka 2.0.2 fails that abort fatally
+            // (INVALID_TXN_STATE) when Kafka added none of its partitions
+            // (a topic refused at AddPartitionsToTxn).  The producer is
+            // replaced; its successor's registration ends what is open.
+            fatal_ = true;
+            return TxnOutcome::Aborted;
+        }
         return o;
     } catch (...) {
         error = "out of memory";

@@ -11,10 +11,14 @@ takes the relay's transactional id; a base backup of the primary is started besi
 Needs Java 17 and Maven, as test_real_kafka; OUTBOX_REAL_KAFKA=0 skips it.
 """
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import unittest
 
@@ -30,6 +34,9 @@ if ENABLED:
     from cluster import KafkaCluster  # noqa: E402
 
 PROGRESS = "pg_outbox_progress"
+# A principal that ACLs apply to (PLAINTEXT's ANONYMOUS is a super user): the relay of the
+# Refusals tests logs in as it over SASL_PLAINTEXT with PLAIN.
+RELAY_USER, RELAY_PASSWORD = "relay", "relay-secret-43"
 KAFKA = None
 RESULTS = []
 
@@ -38,7 +45,7 @@ def setUpModule():
     global KAFKA
     if ENABLED:
         t0 = time.monotonic()
-        KAFKA = KafkaCluster(nodes=3).start()
+        KAFKA = KafkaCluster(nodes=3, plain_users={RELAY_USER: RELAY_PASSWORD}).start()
         KAFKA.create_topic(PROGRESS, partitions=1, cleanup_policy="compact")
         print(f"\n[exactly once] 3 nodes ready in {time.monotonic() - t0:.1f}s", file=sys.stderr,
               flush=True)
@@ -537,3 +544,130 @@ class ProgressTopicRows(ExactlyOnceTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Refusals(ExactlyOnceTest):
+    """Issue 43: whatever Kafka refuses, at whatever step of a transaction, costs the rows
+    that caused it, never the relay: while another role writes 20 msg/s, rows Kafka refuses
+    are charged (parked after outbox.max_attempts with Kafka's reason) and the other role's
+    messages all arrive once, in order, for a read_committed consumer. The relay logs in as
+    a principal of its own (SASL_PLAINTEXT, PLAIN), so that an ACL can deny it a topic."""
+    workers = 1
+
+    def setUp(self):
+        self.secrets_dir = tempfile.mkdtemp(prefix="outbox-eos-secrets-")
+        os.chmod(self.secrets_dir, 0o755)
+        secrets = os.path.join(self.secrets_dir, "kafka.secrets")
+        with open(secrets, "w") as f:
+            f.write(f"sasl.password = {RELAY_PASSWORD}\n")
+        os.chmod(secrets, 0o600)
+        if os.geteuid() == 0:
+            shutil.chown(secrets, "postgres", "postgres")
+        self.extra = {"outbox.brokers": f"'{KAFKA.plain_bootstrap}'",
+                      "outbox.kafka_config": "'security.protocol=SASL_PLAINTEXT;"
+                                             f"sasl.mechanism=PLAIN;sasl.username={RELAY_USER}'",
+                      "outbox.kafka_config_file": f"'{secrets}'"}
+        super().setUp()
+
+    def tearDown(self):
+        super().tearDown()
+        shutil.rmtree(self.secrets_dir, ignore_errors=True)
+
+    def refused_beside_another_role(self, name, write_refused, n_refused, reason):
+        """Another role writes 20 msg/s to its own topic; meanwhile `write_refused(i)` writes
+        n_refused rows Kafka refuses, 10 a second. Every refused row is parked after 3
+        attempts with `reason`; the other role's messages arrive once and in order
+        (read_committed). Its records in aborted transactions (seen by read_uncommitted) are
+        the price it paid for the refusals: less than half of its messages, where one
+        aborted transaction per refused attempt costs it about two copies of each (main, records
+        over max.message.bytes: 297 of 153)."""
+        other = f"eos.other.{name}"
+        KAFKA.create_topic(other, partitions=2)
+        stop = threading.Event()
+        written = []
+
+        def other_role():
+            conn = self.pg.connect()
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                i = 0
+                while not stop.is_set():
+                    cur.execute("SELECT outbox.write(%s, %s, %s::jsonb)",
+                                (other, f"k{i % 5}", json.dumps({"i": i})))
+                    written.append(i)
+                    i += 1
+                    time.sleep(0.05)
+            conn.close()
+
+        t = threading.Thread(target=other_role, daemon=True)
+        t.start()
+        try:
+            wait_until(lambda: len(written) >= 20, 30, what="the other role writing")
+            for i in range(n_refused):
+                write_refused(i)
+                time.sleep(0.1)
+            wait_until(lambda: self.pg.scalar(
+                "SELECT count(*) FROM outbox.outbox_message WHERE parked_at IS NOT NULL")
+                == n_refused, 90, interval=0.5, what=f"the {n_refused} refused rows parked")
+            time.sleep(1)  # the other role goes on after the last refusal
+        finally:
+            stop.set()
+            t.join()
+        self.settled(timeout=60)
+        parked = self.pg.sql("SELECT attempts, last_error FROM outbox.outbox_message "
+                             "WHERE parked_at IS NOT NULL")
+        print(f"\n[exactly once] {name} parked: {parked[:2]}", file=sys.stderr, flush=True)
+        for attempts, error in parked:
+            self.assertEqual(attempts, 3)
+            self.assertRegex(error, reason)
+        result = self.check(f"12_{name}", other, min_written=40)
+        copies = len(KAFKA.dump(other)) - result["delivered"]
+        print(f"[exactly once] {name}: the other role's records in aborted transactions: "
+              f"{copies} of {result['written']}", file=sys.stderr, flush=True)
+        self.assertLess(copies, result["written"] / 2)
+        self.assertEqual(self.pg.scalar("SELECT count(*) FROM outbox.worker_stats "
+                                        "WHERE role = 'relay'"), 1, "the relay runs")
+
+    def test_12a_an_internal_topic(self):
+        """__consumer_offsets: Kafka refuses to add its partition to any transaction
+        (TOPIC_AUTHORIZATION_FAILED on AddPartitionsToTxn), and librdkafka 2.0.2 then fails
+        the abort fatally. It once stopped every relay for good."""
+        KAFKA.group_offsets("pg-outbox-test-43")  # the topic exists once a group was asked for
+        self.refused_beside_another_role(
+            "internal", lambda i: self.pg.sql(
+                "SELECT outbox.write('__consumer_offsets', %s, '{}')", (f"a-{i}",)),
+            5, "Topic authorization failed")
+
+    def test_12b_a_topic_the_relay_may_not_write(self):
+        """DENY WRITE for the relay's principal, with DESCRIBE allowed (it sees the topic):
+        refused when its partition is added to the transaction, as an internal topic is."""
+        KAFKA.create_topic("eos.denied", partitions=2)
+        KAFKA.deny_write("eos.denied", f"User:{RELAY_USER}")
+        KAFKA.allow_describe("eos.denied", f"User:{RELAY_USER}")
+        self.refused_beside_another_role(
+            "denied", lambda i: self.pg.sql(
+                "SELECT outbox.write('eos.denied', %s, '{}')", (f"d-{i}",)),
+            5, "Topic authorization failed")
+
+    def test_12c_records_over_the_topics_max_message_bytes(self):
+        """A stream of 3 kB records to a topic with max.message.bytes=1000: each refused in its
+        delivery report; refused again by memory until its retry time, not a transaction
+        aborted per record."""
+        KAFKA.create_topic("eos.small", partitions=2, max_message_bytes=1000)
+        self.refused_beside_another_role(
+            "too_large", lambda i: self.pg.sql(
+                "SELECT outbox.write('eos.small', %s, %s::jsonb)",
+                (f"s-{i}", json.dumps({"pad": "x" * 3000}))),
+            20, "(?i)too large")
+
+    def test_12d_keyless_records_to_a_compacted_topic(self):
+        """Keyless records to a compacted topic: INVALID_RECORD for each; keyed records of the
+        same topic still go."""
+        KAFKA.create_topic("eos.compact", partitions=2, cleanup_policy="compact")
+        self.pg.sql("SELECT outbox.write('eos.compact', 'keyed', '{}')")
+        self.refused_beside_another_role(
+            "keyless_compacted", lambda i: self.pg.sql(
+                "SELECT outbox.write_bytes('eos.compact', NULL, %s::bytea)",
+                (f"v{i}".encode(),)),
+            20, "(?i)validate record")
+        self.assertEqual(len(KAFKA.dump("eos.compact", "read_committed")), 1, "the keyed one")

@@ -6,6 +6,7 @@
 //   create-topic <bootstrap> <topic> <partitions> <replicas> [name=value ...]
 //   add-scram <bootstrap> <user> <password>     a SCRAM-SHA-512 credential
 //   deny-write <bootstrap> <topic> <principal>   a DENY WRITE ACL (StandardAuthorizer)
+//   allow-describe <bootstrap> <topic> <principal>  an ALLOW DESCRIBE ACL (the topic's metadata)
 //   quorum-leader <bootstrap>                    the active controller's node id
 //   describe <bootstrap> <topic>                 per partition: id, leader, ISR size, end offset
 //   group-offsets <bootstrap> <group>           partition TAB committed offset, per partition
@@ -56,7 +57,8 @@ public class KafkaTool {
         switch (a[0]) {
             case "ready": ready(a[1], Integer.parseInt(a[2]), Integer.parseInt(a[3])); break;
             case "create-topic": createTopic(a); break;
-            case "deny-write": denyWrite(a[1], a[2], a[3]); break;
+            case "deny-write": acl(a[1], a[2], a[3], AclOperation.WRITE, AclPermissionType.DENY); break;
+            case "allow-describe": acl(a[1], a[2], a[3], AclOperation.DESCRIBE, AclPermissionType.ALLOW); break;
             case "add-scram":
                 try (Admin ad = admin(a[1])) {
                     ad.alterUserScramCredentials(List.of(new UserScramCredentialUpsertion(a[2],
@@ -134,9 +136,10 @@ public class KafkaTool {
         }
     }
 
-    static void denyWrite(String bootstrap, String topic, String principal) throws Exception {
+    static void acl(String bootstrap, String topic, String principal, AclOperation op,
+                    AclPermissionType type) throws Exception {
         AclBinding b = new AclBinding(new ResourcePattern(ResourceType.TOPIC, topic, PatternType.LITERAL),
-                new AccessControlEntry(principal, "*", AclOperation.WRITE, AclPermissionType.DENY));
+                new AccessControlEntry(principal, "*", op, type));
         try (Admin ad = admin(bootstrap)) {
             ad.createAcls(List.of(b)).all().get();
         }

@@ -151,7 +151,7 @@ class KafkaCluster:
     """Apache Kafka in KRaft mode on 127.0.0.1: `nodes` combined broker/controllers."""
 
     def __init__(self, nodes=3, auto_create=None, sasl=False, scram_users=None, authorizer=None,
-                 proxy_ports=None):
+                 proxy_ports=None, plain_users=None):
         """proxy_ports: one port per node, on 127.0.0.1, where a proxy in front of the
         node listens (test/kafka/fault_proxy.py). Each node then also has a PROXIED
         listener on a port of its own (self.proxied_upstream[i], what the proxy connects
@@ -160,9 +160,12 @@ class KafkaCluster:
         PLAINTEXT listener (self.bootstrap, the brokers' own and the tools') is
         unchanged."""
         self.n = nodes
+        # A SASL_PLAINTEXT listener with PLAIN for these users (no TLS to make): a principal
+        # that ACLs apply to, where PLAINTEXT's ANONYMOUS is a super user.
+        self.plain_users = plain_users or {}
         self.auto_create = (nodes == 1) if auto_create is None else auto_create
         self.sasl = sasl
-        self.authorizer = sasl if authorizer is None else authorizer
+        self.authorizer = (sasl or bool(self.plain_users)) if authorizer is None else authorizer
         self.scram_users = scram_users or {"outbox": "outbox-secret-1"}
         self.dir = tempfile.mkdtemp(prefix="outbox-kafka-")
         os.chmod(self.dir, 0o755)
@@ -185,10 +188,13 @@ class KafkaCluster:
         self.proxy_port = dict(zip(self.ids, proxy_ports)) if proxy_ports else {}
         self.proxied_port = {i: port() for i in self.proxy_port}
         self.proxied_upstream = {i: f"127.0.0.1:{p}" for i, p in self.proxied_port.items()}
+        self.plain_port = {i: port() for i in self.ids} if self.plain_users else {}
         self.procs = {}
         self.tls = Tls(self.dir) if sasl else None
         self.bootstrap = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.ids)
         self.sasl_bootstrap = ",".join(f"127.0.0.1:{self.sasl_port[i]}" for i in self.ids) if sasl else ""
+        self.plain_bootstrap = ",".join(f"127.0.0.1:{self.plain_port[i]}" for i in self.ids
+                                        ) if self.plain_users else ""
 
     def node_dir(self, i):
         return os.path.join(self.dir, f"node-{i}")
@@ -207,6 +213,9 @@ class KafkaCluster:
         if i in self.proxy_port:
             listeners.append(f"PROXIED://127.0.0.1:{self.proxied_port[i]}")
             advertised.append(f"PROXIED://127.0.0.1:{self.proxy_port[i]}")
+        if self.plain_users:
+            listeners.append(f"SASL_PLAINTEXT://127.0.0.1:{self.plain_port[i]}")
+            advertised.append(f"SASL_PLAINTEXT://127.0.0.1:{self.plain_port[i]}")
         listeners.append(f"CONTROLLER://127.0.0.1:{self.controller_port[i]}")
         props = {
             "process.roles": "broker,controller",
@@ -215,7 +224,8 @@ class KafkaCluster:
                                                  for j in self.ids),
             "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,"
+                                              "SASL_PLAINTEXT:SASL_PLAINTEXT"
                                               + (",PROXIED:PLAINTEXT" if self.proxy_port else ""),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -259,6 +269,15 @@ class KafkaCluster:
                 "listener.name.sasl_ssl.ssl.keystore.type": "PEM",
                 "listener.name.sasl_ssl.ssl.keystore.location": self.tls.keystore,
             })
+        if self.plain_users:
+            props.update({
+                "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    + " ".join(f'user_{u}="{p}"' for u, p in self.plain_users.items()) + ";",
+            })
+            if not self.sasl:
+                props["sasl.enabled.mechanisms"] = "PLAIN"
         if self.authorizer:
             props.update({
                 "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
@@ -356,6 +375,9 @@ class KafkaCluster:
 
     def deny_write(self, topic, principal):
         java_tool("deny-write", self.bootstrap, topic, principal)
+
+    def allow_describe(self, topic, principal):
+        java_tool("allow-describe", self.bootstrap, topic, principal)
 
     def quorum_leader(self):
         up = ",".join(f"127.0.0.1:{self.port[i]}" for i in self.running())

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "outbox/kafka/client.h"
+#include "outbox/kafka/refusals.h"
 
 struct rd_kafka_s;
 struct rd_kafka_topic_s;
@@ -167,6 +168,11 @@ public:
     // without an offset, or did not come back in time: the transaction must
     // be aborted.
     bool await_transaction(int timeout_ms, std::string &error) noexcept;
+    // After await_transaction() failed: charges the records that caused it
+    // (refused, or of a topic Kafka would not add), aborts, and says
+    // Aborted even when librdkafka cannot abort (the producer is then
+    // fatal(): replace it).  Kafka was never asked to commit.
+    TxnOutcome abort_unacknowledged(int timeout_ms, std::string &error) noexcept;
     // Commits (await_transaction() first).  Committed: the acknowledged
     // list is exactly transaction_ids(), each with its offset.  Aborted:
     // nothing is acknowledged, records Kafka refused are in the failed
@@ -180,6 +186,24 @@ public:
     TxnOutcome abort_transaction(int timeout_ms, std::string &error) noexcept;
     bool transactional() const noexcept { return transactional_; }
     bool fenced() const noexcept { return fenced_; }
+
+    // Refusals in a transaction (docs/exactly-once.md, "What a refusal
+    // costs").  Kafka may refuse a record at any step: its delivery report
+    // (a record too large), adding its partition to the transaction (a
+    // topic not authorised, an internal topic: librdkafka names the topic
+    // only in its log, and 2.0.2 then fails the abort fatally), or the
+    // commit.  A failed commit charges, as failures of the records that
+    // caused it: the refused records; else the records of the topics Kafka
+    // would not add; else, when the transaction held records of one topic
+    // only, all of them.  What cannot be charged so is "unattributed" (see
+    // last_txn_unattributed()).  `memory` (owned by the caller, may be
+    // null) is told each refusal and refuses at produce() the records it
+    // would refuse again, as failures with the remembered reason.
+    void set_refusals(TopicRefusals *memory) noexcept { refusals_ = memory; }
+    // The last failed transaction's failure was charged to no record:
+    // these are its topics (the caller may try them one per transaction).
+    bool last_txn_unattributed() const noexcept { return last_txn_unattributed_; }
+    const std::vector<std::string> &last_txn_topics() const noexcept { return last_txn_topics_; }
 
     // The secrets (outbox.kafka_config_file) this producer was built with.
     const std::vector<Property> &secrets() const noexcept { return secrets_; }
@@ -283,6 +307,18 @@ private:
     bool registered_ = false;  // init_transactions() succeeded
     bool transactional_ = false;
     std::vector<int64_t> txn_ids_;      // produced in the open transaction
+    std::vector<uint32_t> txn_topic_;   // and their topics (indexes into topics_)
+    // Topics whose partitions Kafka would not add to the open transaction,
+    // with its reason (librdkafka's ADDPARTS log lines).
+    std::unordered_map<std::string, std::string> txn_refused_topics_;
+    std::size_t txn_dr_failures_ = 0;   // refusals in delivery reports of it
+    bool awaited_timed_out_ = false;    // await_transaction() ran out of time
+    bool last_txn_unattributed_ = false;
+    std::vector<std::string> last_txn_topics_;
+    TopicRefusals *refusals_ = nullptr;
+    void remember_refusal(const rd_kafka_message_s *msg, const std::string &text);
+    // A failed commit: charges what caused it (see set_refusals()).
+    void charge_failed_transaction(int code, const std::string &error);
     uint64_t txn_digest_ = 0;           // and what they were
     // Transactional mode: topics the brokers said exist, and those they
     // said do not, in this batch.  A record for a topic that does not exist
