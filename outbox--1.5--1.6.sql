@@ -60,8 +60,10 @@ ALTER TABLE outbox.outbox_message
 -- pg_upgrade refuses a table with a regprocedure column, and function oids
 -- would not survive it anyway: a subscription keeps its handler's
 -- signature as schema-qualified text instead, resolved by name when the
--- workers read it.  A subscription whose function no longer exists keeps a
--- name that resolves to nothing and says so.  The view that shows the
+-- workers read it, and the role that owned the function then
+-- (handler_owner): a function of another owner found later under the same
+-- signature is not run.  A subscription whose function no longer exists
+-- keeps a name that resolves to nothing and says so.  The view that shows the
 -- column is made again around the change.
 CREATE FUNCTION outbox._handler_signature(h regprocedure) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
@@ -71,6 +73,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog AS $$
            END
 $$;
 DROP VIEW outbox.inbox_stats;
+ALTER TABLE outbox.inbox_subscription ADD COLUMN handler_owner regrole;
+UPDATE outbox.inbox_subscription s
+   SET handler_owner = (SELECT p.proowner FROM pg_catalog.pg_proc p
+                         WHERE p.oid OPERATOR(pg_catalog.=) s.handler);
 ALTER TABLE outbox.inbox_subscription
     ALTER COLUMN handler TYPE text USING outbox._handler_signature(handler);
 DROP FUNCTION outbox._handler_signature(regprocedure);

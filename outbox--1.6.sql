@@ -212,7 +212,13 @@ CREATE TABLE outbox.inbox_subscription (
     topic       text         PRIMARY KEY,
     handler     text         NOT NULL,
     owner       regrole      NOT NULL,
-    created_at  timestamptz  NOT NULL DEFAULT now()
+    created_at  timestamptz  NOT NULL DEFAULT now(),
+    -- The role that owned the handler when it was subscribed: a function
+    -- found later under the same signature but owned by another role (the
+    -- handler was dropped, and someone who may create in its schema made
+    -- one) is not run (schema 1.6; NULL for a subscription whose function
+    -- was already gone when the schema was updated).
+    handler_owner regrole
 );
 REVOKE ALL ON outbox.inbox_subscription FROM PUBLIC;
 

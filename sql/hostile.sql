@@ -69,6 +69,20 @@ SELECT topic, handler, owner FROM outbox.inbox_subscription ORDER BY topic;
 SELECT outbox.inbox_subscribe('payments', 'public.attacker_handler(outbox.inbox_message)');
 SELECT topic, owner, (SELECT proowner::regrole FROM pg_proc WHERE oid = to_regprocedure(handler)) AS runs_as
   FROM outbox.inbox_subscription ORDER BY topic;
+-- A handler is found by its signature (schema 1.6: pg_upgrade keeps no
+-- function oid).  When a subscribed function is gone, a role that may
+-- create in its schema can put its own function under that signature: the
+-- workers find it but do not run it, as it belongs to another role than the
+-- one that owned the handler when it was subscribed (the workers' own
+-- statement, verbatim: its last column but one says whether they may run it).
+SELECT outbox.inbox_subscribe('refunds', 'public.victim_handler(outbox.inbox_message)');
+SET ROLE regress_victim;
+DROP FUNCTION public.victim_handler(outbox.inbox_message);
+SET ROLE regress_attacker;
+CREATE FUNCTION public.victim_handler(m outbox.inbox_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+RESET ROLE;
+SELECT topic, proowner::regrole AS found_owner, allowed FROM (SELECT s.topic, p.oid, p.proowner, p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype, ((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner) OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE')) AND (s.handler_owner IS NULL OR s.handler_owner OPERATOR(pg_catalog.=) p.proowner), s.handler::pg_catalog.text FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text) ORDER BY s.topic) AS s(topic, fn, proowner, batch, allowed, handler)
+ WHERE topic = 'refunds';
 
 -- Secrets: outbox.kafka_config refuses them, and no error repeats a value
 -- (not even of a misspelt property, nor a value without a name).

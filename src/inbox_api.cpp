@@ -38,8 +38,12 @@ namespace {
 
 OutboxQuery subscription_of_query = {"reading the topic's subscription", sql::kSubscriptionOf, 1,
                                      {TEXTOID}, SPI_OK_SELECT, nullptr};
-OutboxQuery subscribe_query = {"subscribing", sql::kSubscribe, 3,
-                               {TEXTOID, REGPROCEDUREOID, REGROLEOID}, SPI_OK_INSERT, nullptr};
+OutboxQuery subscribe_query = {"subscribing", sql::kSubscribe, 4,
+                               {TEXTOID, REGPROCEDUREOID, REGROLEOID, REGROLEOID}, SPI_OK_INSERT,
+                               nullptr};
+OutboxQuery subscribe_query_before_16 = {"subscribing", sql::kSubscribeBefore16, 3,
+                                         {TEXTOID, REGPROCEDUREOID, REGROLEOID}, SPI_OK_INSERT,
+                                         nullptr};
 OutboxQuery unsubscribe_query = {"unsubscribing", sql::kUnsubscribe, 1, {TEXTOID}, SPI_OK_DELETE,
                                  nullptr};
 
@@ -141,8 +145,11 @@ Datum outbox_inbox_subscribe(PG_FUNCTION_ARGS) {
                         text_to_cstring(topic), role_name(owner)),
                  errdetail("Only that role, the owner of its handler, a member of either, or a "
                            "superuser may replace the subscription.")));
-    Datum values[3] = {PointerGetDatum(topic), ObjectIdGetDatum(handler), ObjectIdGetDatum(caller)};
-    run_as_extension_owner(&subscribe_query, values);
+    Datum values[4] = {PointerGetDatum(topic), ObjectIdGetDatum(handler), ObjectIdGetDatum(caller),
+                       ObjectIdGetDatum(function_owner)};
+    run_as_extension_owner(outbox_schema_version() >= kOutboxSchema16 ? &subscribe_query
+                                                                      : &subscribe_query_before_16,
+                           values);
     SPI_finish();
     outbox_wakeup_note_inbox();
     PG_RETURN_VOID();

@@ -371,13 +371,14 @@ int handle_topic(OutboxWorker *w, const OutboxSubscription &sub) {
 int read_subscriptions(OutboxWorker *w, OutboxSubscription **subs, TimestampTz *next_retry) {
     if (!outbox_worker_begin(w, "pg outbox: reading inbox subscriptions")) return -1;
     OutboxSubscription *found;
-    int n = outbox_inbox_subscriptions(&found);
+    int n = outbox_inbox_subscriptions(w->schema, &found);
     *next_retry = outbox_inbox_next_retry();
     MemoryContext spi = MemoryContextSwitchTo(w->turn_context);
     *subs = static_cast<OutboxSubscription *>(palloc(sizeof(OutboxSubscription) * (n + 1)));
     for (int i = 0; i < n; i++) {
         (*subs)[i] = found[i];
         (*subs)[i].topic = pstrdup(found[i].topic);
+        (*subs)[i].handler_name = found[i].handler_name ? pstrdup(found[i].handler_name) : nullptr;
     }
     MemoryContextSwitchTo(spi);
     outbox_worker_commit(w);
@@ -441,7 +442,9 @@ long handler_turn(OutboxWorker *w) {
                                 sub.topic,
                                 !sub.exists ? "its handler function no longer exists:"
                                             : "the role that subscribed it may no longer have "
-                                              "this handler run (its owner's privileges):",
+                                              "this handler run (its owner's privileges, or the "
+                                              "function now under that signature belongs to "
+                                              "another role than when it was subscribed):",
                                 sub.handler_name ? sub.handler_name : "?"),
                          errhint("A handler is found by its schema, name and argument types: "
                                  "one dropped, renamed or moved since it was subscribed is not. "

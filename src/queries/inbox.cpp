@@ -1,4 +1,5 @@
 #include "outbox/queries/inbox.h"
+#include "outbox/worker_common.h"
 
 #include "outbox/policy.h"
 #include "outbox/queries/inbox_sql.h"
@@ -28,6 +29,9 @@ OutboxQuery note_intake_query = {"noting inbox intake", sql::kNoteIntake, 3,
                                  {TEXTOID, INT8OID, TEXTOID}, SPI_OK_INSERT, nullptr};
 OutboxQuery subscriptions_query = {"reading inbox subscriptions", sql::kSubscriptions, 0, {},
                                    SPI_OK_SELECT, nullptr};
+OutboxQuery subscriptions_query_before_16 = {"reading inbox subscriptions",
+                                             sql::kSubscriptionsBefore16, 0, {}, SPI_OK_SELECT,
+                                             nullptr};
 OutboxQuery retrying_query = {"reading retrying inbox keys", sql::kRetryingKeys, 1, {TEXTOID},
                               SPI_OK_SELECT, nullptr};
 OutboxQuery claim_query = {"claiming inbox records", sql::kClaim, 5,
@@ -112,8 +116,9 @@ void outbox_inbox_note_intake(const char *topic, int64 n, const char *note) {
     outbox_run(&note_intake_query, values, nullptr, 0);
 }
 
-int outbox_inbox_subscriptions(OutboxSubscription **subs) {
-    int n = static_cast<int>(outbox_run(&subscriptions_query, nullptr, nullptr, 0));
+int outbox_inbox_subscriptions(int schema, OutboxSubscription **subs) {
+    OutboxQuery *q = schema >= kOutboxSchema16 ? &subscriptions_query : &subscriptions_query_before_16;
+    int n = static_cast<int>(outbox_run(q, nullptr, nullptr, 0));
     *subs = static_cast<OutboxSubscription *>(palloc0(sizeof(OutboxSubscription) * (n + 1)));
     for (int i = 0; i < n; i++) {
         bool isnull;

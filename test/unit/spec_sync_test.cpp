@@ -46,3 +46,12 @@ TEST(SpecSync, PlansTestExplainsTheWorkersStatements) {
           outbox::sql::inbox::kClaim, outbox::sql::inbox::kDone})
         EXPECT_NE(plans.find(sql), std::string::npos) << "sql/plans.sql lacks: " << sql;
 }
+
+// sql/hostile.sql runs the handler workers' read of the subscriptions, to
+// show which handler they would refuse to run.
+TEST(SpecSync, HostileTestRunsTheSubscriptionsRead) {
+    std::string hostile = read_file(std::string(OUTBOX_SOURCE_DIR) + "/sql/hostile.sql");
+    ASSERT_FALSE(hostile.empty()) << "sql/hostile.sql not found";
+    EXPECT_NE(hostile.find(outbox::sql::inbox::kSubscriptions), std::string::npos)
+        << "sql/hostile.sql lacks outbox::sql::inbox::kSubscriptions verbatim";
+}

@@ -45,8 +45,9 @@ struct OutboxSubscription {
     bool allowed;  // the subscription's owner may have it run
 };
 
-// Every subscription, by topic.
-int outbox_inbox_subscriptions(OutboxSubscription **subs);
+// Every subscription, by topic (`schema`: the extension's, as
+// outbox_schema_version() gives it).
+int outbox_inbox_subscriptions(int schema, OutboxSubscription **subs);
 
 // Keys of `topic` whose earliest unprocessed record waits for a retry.
 char **outbox_inbox_retrying_keys(const char *topic, int *n);

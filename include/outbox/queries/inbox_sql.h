@@ -72,6 +72,17 @@ inline constexpr const char kNoteIntake[] =
 inline constexpr const char kSubscriptions[] =
     "SELECT s.topic, p.oid, p.proowner,"
     " p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype,"
+    " ((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
+    " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE'))"
+    " AND (s.handler_owner IS NULL OR s.handler_owner OPERATOR(pg_catalog.=) p.proowner),"
+    " s.handler::pg_catalog.text"
+    " FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p"
+    " ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text)"
+    " ORDER BY s.topic";
+// The same before schema 1.6 (no handler_owner; the handler a regprocedure).
+inline constexpr const char kSubscriptionsBefore16[] =
+    "SELECT s.topic, p.oid, p.proowner,"
+    " p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype,"
     " (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
     " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE'),"
     " s.handler::pg_catalog.text"
@@ -147,10 +158,16 @@ inline constexpr const char kSubscriptionOf[] =
     " WHERE p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text))"
     " FROM outbox.inbox_subscription s WHERE s.topic = $1";
 
-// $2 is the handler as a regprocedure: the text column of schema 1.6 takes
+// $2 is the handler as a regprocedure, $4 its owner: the text column of schema 1.6 takes
 // it as text, schema-qualified (inbox_subscribe() runs with search_path
 // pg_catalog), the regprocedure column before as it is.
 inline constexpr const char kSubscribe[] =
+    "INSERT INTO outbox.inbox_subscription AS s (topic, handler, owner, handler_owner)"
+    " VALUES ($1, $2::pg_catalog.regprocedure, $3, $4)"
+    " ON CONFLICT (topic) DO UPDATE SET handler = excluded.handler, owner = excluded.owner,"
+    " handler_owner = excluded.handler_owner, created_at = pg_catalog.now()";
+// Before schema 1.6 (no handler_owner).
+inline constexpr const char kSubscribeBefore16[] =
     "INSERT INTO outbox.inbox_subscription AS s (topic, handler, owner)"
     " VALUES ($1, $2::pg_catalog.regprocedure, $3)"
     " ON CONFLICT (topic) DO UPDATE SET handler = excluded.handler, owner = excluded.owner,"
