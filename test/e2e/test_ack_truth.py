@@ -134,7 +134,8 @@ class AckTruth(unittest.TestCase):
         the last copies can be in order."""
         self.settled()
         rows = self.rows()
-        records = sorted(KAFKA.dump(self.topic), key=lambda r: (r["partition"], r["offset"]))
+        records = sorted(KAFKA.dump(self.topic, contiguous=True),
+                         key=lambda r: (r["partition"], r["offset"]))
         last_order_violations = 0
         highest_last = {}
         for r in reversed(records):

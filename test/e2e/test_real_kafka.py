@@ -207,7 +207,7 @@ class RealKafkaTest(unittest.TestCase):
         self.writers.join()
         self.settled()
         committed = committed_rows(self.pg, topic)
-        records = KAFKA.dump(topic)
+        records = KAFKA.dump(topic, contiguous=True)
         result = verify(records, committed)
         if result["lost"]:
             self.describe_lost(topic, records, committed)

@@ -76,7 +76,8 @@ public class KafkaTool {
                                          .coordinatorId());
                 }
                 break;
-            case "dump": dump(a[1], a[2], a.length > 3 ? a[3] : "read_uncommitted"); break;
+            case "dump": dump(a[1], a[2], a.length > 3 ? a[3] : "read_uncommitted",
+                              a.length > 4 && a[4].equals("contiguous")); break;
             case "describe": describe(a[1], a[2]); break;
             case "group-offsets":
                 try (Admin ad = admin(a[1])) {
@@ -157,9 +158,13 @@ public class KafkaTool {
         }
     }
 
-    static void dump(String bootstrap, String topic, String isolation) {
+    // contiguous: every partition's offsets run without a gap from its log start (a topic
+    // written without transactions and never compacted): a read can never skip silently.
+    static void dump(String bootstrap, String topic, String isolation, boolean contiguous) {
         Properties p = new Properties();
         p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        // Never jump anywhere on its own: an offset out of range is an error, not a reset.
+        p.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "none");
         p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
         p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "5000");
         p.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, isolation);
@@ -172,6 +177,7 @@ public class KafkaTool {
             int partitions = tps.size();
             c.assign(tps);
             c.seekToBeginning(tps);
+            Map<TopicPartition, Long> next = new HashMap<>(c.beginningOffsets(tps, Duration.ofSeconds(30)));
             Map<TopicPartition, Long> end = c.endOffsets(tps, Duration.ofSeconds(30));
             StringBuilder out = new StringBuilder(1 << 20);
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(300);
@@ -189,6 +195,12 @@ public class KafkaTool {
                 }
                 if (System.nanoTime() > deadline) throw new RuntimeException("dump: end offsets not reached");
                 for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(500))) {
+                    TopicPartition at = new TopicPartition(r.topic(), r.partition());
+                    if (contiguous && r.offset() != next.get(at))
+                        throw new RuntimeException("dump: partition " + r.partition() + " of " + topic
+                                                   + " goes from offset " + (next.get(at) - 1) + " to "
+                                                   + r.offset() + ": a gap");
+                    next.put(at, r.offset() + 1);
                     int jp = r.key() == null ? -1 : Utils.toPositive(Utils.murmur2(r.key())) % partitions;
                     StringJoiner hs = new StringJoiner(",");
                     for (Header h : r.headers())

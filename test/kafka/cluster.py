@@ -417,12 +417,14 @@ class KafkaCluster:
         return {int(p): int(o) for p, o in
                 (line.split("\t") for line in java_tool("group-offsets", up, group).splitlines())}
 
-    def dump(self, topic, isolation="read_uncommitted"):
+    def dump(self, topic, isolation="read_uncommitted", contiguous=False):
         """Every record of the topic, read by Java's consumer: a list of dicts of bytes.
         isolation="read_committed": only records of committed transactions (and none after
-        a transaction still open)."""
+        a transaction still open). contiguous=True: fails unless each partition's offsets run
+        without a gap from its log start (a topic no transaction wrote, never compacted)."""
         records = []
-        for line in java_tool("dump", self.bootstrap, topic, isolation).splitlines():
+        args = ("dump", self.bootstrap, topic, isolation) + (("contiguous",) if contiguous else ())
+        for line in java_tool(*args).splitlines():
             p, o, k, v, jp, hs = (line.split("\t") + [""])[:6]
             dec = (lambda s: None if s == "-" else base64.b64decode(s))
             headers = []
