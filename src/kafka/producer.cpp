@@ -794,6 +794,20 @@ bool Producer::await_transaction(int timeout_ms, std::string &error) noexcept {
     }
 }
 
+// Aborts a transaction Kafka was never asked to commit: Aborted whatever
+// the abort says.  librdkafka 2.0.2 fails that abort fatally
+// (INVALID_TXN_STATE) when Kafka added none of its partitions (a topic
+// refused at AddPartitionsToTxn): the producer is then replaced, and its
+// successor's registration ends what is open.  Not noexcept: callers catch.
+TxnOutcome Producer::abort_never_committed(int timeout_ms, std::string &error) {
+    std::string abort_error;
+    TxnOutcome o = abort_transaction(timeout_ms, abort_error);
+    if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
+    if (o != TxnOutcome::Unknown) return o;
+    fatal_ = true;
+    return TxnOutcome::Aborted;
+}
+
 TxnOutcome Producer::abort_unacknowledged(int timeout_ms, std::string &error) noexcept {
     try {
         // Kafka was never asked to commit: charge what caused it, then the
@@ -802,18 +816,7 @@ TxnOutcome Producer::abort_unacknowledged(int timeout_ms, std::string &error) no
         charge_failed_transaction(awaited_timed_out_ ? RD_KAFKA_RESP_ERR__TIMED_OUT
                                                      : RD_KAFKA_RESP_ERR__INCONSISTENT,
                                   error);
-        std::string abort_error;
-        TxnOutcome o = abort_transaction(timeout_ms, abort_error);
-        if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
-        if (o == TxnOutcome::Unknown) {
-            // librdkafka 2.0.2 fails this abort fatally (INVALID_TXN_STATE)
-            // when Kafka added none of the transaction's partitions: the
-            // producer is replaced, its successor's registration ends what
-            // is open.  Nothing was committed.
-            fatal_ = true;
-            return TxnOutcome::Aborted;
-        }
-        return o;
+        return abort_never_committed(timeout_ms, error);
     } catch (...) {
         error = "out of memory";
         end_transaction_bookkeeping();
@@ -857,20 +860,9 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
             end_transaction_bookkeeping();
             return TxnOutcome::Unknown;
         }
-        std::string abort_error;
-        TxnOutcome o = abort_transaction(timeout_ms, abort_error);
-        if (o != TxnOutcome::Aborted) error += "; aborting it: " + abort_error;
-        if (o == TxnOutcome::Unknown) {
-            // The commit failed before Kafka was asked to commit (an
-            // abortable error): the transaction is not committed, whatever
-            // the abort says.  librdkafka 2.0.2 fails that abort fatally
-            // (INVALID_TXN_STATE) when Kafka added none of its partitions
-            // (a topic refused at AddPartitionsToTxn).  The producer is
-            // replaced; its successor's registration ends what is open.
-            fatal_ = true;
-            return TxnOutcome::Aborted;
-        }
-        return o;
+        // The commit failed before Kafka was asked to commit (an abortable
+        // error): the transaction is not committed, whatever the abort says.
+        return abort_never_committed(timeout_ms, error);
     } catch (...) {
         error = "out of memory";
         end_transaction_bookkeeping();

@@ -331,6 +331,7 @@ private:
     bool progress_produced_ = false;    // this transaction has a progress record
     bool progress_acked_ = false;       // acknowledged with an offset
     void end_transaction_bookkeeping() noexcept;
+    TxnOutcome abort_never_committed(int timeout_ms, std::string &error);
 };
 
 // Whether librdkafka error `err` means Kafka refuses the record for good
