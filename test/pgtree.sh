@@ -14,7 +14,8 @@
 # In the tree, as root, test/run-all.sh runs: the build, the unit tests,
 # pg_regress and isolation, the end-to-end suites of OUTBOX_E2E (default:
 # the tree subset below) against the test broker built there, and the
-# Debian package of that version.  sid also runs test/major-upgrade-test.sh.
+# Debian package of that version.  sid (17 -> 18) and experimental
+# (18 -> 19) also run test/major-upgrade-test.sh.
 # OUTBOX_TREE_DIR picks where the tree goes; --keep keeps it.  Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."

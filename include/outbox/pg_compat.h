@@ -1,6 +1,7 @@
 // Every difference between the PostgreSQL versions pg outbox builds against,
 // in one place (as pg_net's pg_prelude.h): no other file tests
-// PG_VERSION_NUM.  15, 17 and 18 are built and tested (README, Install);
+// PG_VERSION_NUM.  15, 17, 18 and 19 (19~rc1, Debian experimental) are
+// built and tested (README, Install);
 // 16 is built on paper only (no Debian suite packages it): its branches
 // follow the 15 and 17 APIs it sits between.  Included by outbox/pg.h only.
 // The Makefile preprocesses this header alone before it compiles anything,
