@@ -3,8 +3,9 @@
 # debian/ (Debian's conventions for PostgreSQL extensions: pg_buildext,
 # debian/pgversions), in a copy of the tree; the packages land in dist/.
 # One package per PostgreSQL version that is both in debian/pgversions
-# (15, 17, 18) and supported by the machine's postgresql-common: 15 on
-# Debian 12, 17 on Debian 13, 18 on unstable.
+# (15, 17, 18, 19) and supported by the machine's postgresql-common: 15 on
+# Debian 12, 17 on Debian 13, 18 on unstable (19 from experimental when
+# PG_SUPPORTED_VERSIONS names it, as test/package-test.sh does).
 #   sudo scripts/build-deb.sh
 #   sudo apt-get install ./dist/postgresql-15-outbox_*.deb
 #   scripts/build-deb.sh --list-deps   the build dependencies, comma-separated

@@ -25,7 +25,7 @@ PACKAGES=(
   libipc-run-perl                          # Postgres TAP modules
 )
 # The real-Kafka tier (Apache Kafka from Maven Central) and the demo run on
-# the machine's own Debian 12 with 15; the 17/18 trees (test/pgtree.sh,
+# the machine's own Debian 12 with 15; the 17/18/19 trees (test/pgtree.sh,
 # another Debian suite, another Java) run without it.
 if [ "$PG_MAJOR" = 15 ]; then
   PACKAGES+=(openjdk-17-jdk-headless maven openssl)

@@ -19,7 +19,6 @@
 extern "C" {
 #include "access/detoast.h"
 #include "catalog/namespace.h"
-#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"

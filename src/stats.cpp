@@ -8,7 +8,6 @@
 
 extern "C" {
 #include "funcapi.h"
-#include "commands/dbcommands.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"

@@ -8,7 +8,6 @@
 #include "outbox/guc.h"
 
 extern "C" {
-#include "commands/dbcommands.h"
 #include "postmaster/bgworker.h"
 }
 

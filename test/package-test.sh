@@ -4,7 +4,7 @@
 # files in a throwaway cluster, with a write() that reaches the test broker
 # and is read back by a consumer of its own; then removes it and puts the
 # source tree's build back (make install), as the other tests expect.
-# For the PostgreSQL version PG_CONFIG names (15 by default; 17 and 18 in
+# For the PostgreSQL version PG_CONFIG names (15 by default; 17, 18 and 19 in
 # their trees, test/pgtree.sh).  Needs root, and build/outbox_test_broker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,10 @@ MAJOR=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 PACKAGE=postgresql-$MAJOR-outbox
 
 rm -rf dist
-bash scripts/build-deb.sh >/dev/null
+# The package of the version under test only: postgresql-common builds for
+# its release's default version (sid: 18), not for a newer one installed
+# beside it (19 from experimental) unless PG_SUPPORTED_VERSIONS names it.
+PG_SUPPORTED_VERSIONS=$MAJOR bash scripts/build-deb.sh >/dev/null
 deb=$(ls dist/${PACKAGE}_*_amd64.deb)
 echo "package: $deb"
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 "./$deb" >/dev/null

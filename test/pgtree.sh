@@ -5,15 +5,22 @@
 #   test/pgtree.sh trixie   PostgreSQL 17 (Debian 13), librdkafka 2.8
 #   test/pgtree.sh sid      PostgreSQL 18 (unstable), librdkafka 2.14; with
 #                           trixie's 17 beside it for the 17 -> 18 move
+#   test/pgtree.sh experimental
+#                           PostgreSQL 19 (experimental, over unstable: only
+#                           postgresql-19's packages and the libpq they need
+#                           come from experimental, the rest, librdkafka
+#                           too, is sid's); with sid's 18 beside it for the
+#                           18 -> 19 move
 # In the tree, as root, test/run-all.sh runs: the build, the unit tests,
 # pg_regress and isolation, the end-to-end suites of OUTBOX_E2E (default:
 # the tree subset below) against the test broker built there, and the
-# Debian package of that version.  sid also runs test/major-upgrade-test.sh.
+# Debian package of that version.  sid (17 -> 18) and experimental
+# (18 -> 19) also run test/major-upgrade-test.sh.
 # OUTBOX_TREE_DIR picks where the tree goes; --keep keeps it.  Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-suite=${1:?usage: test/pgtree.sh trixie|sid [--keep]}
+suite=${1:?usage: test/pgtree.sh trixie|sid|experimental [--keep]}
 keep=${2:-}
 MIRROR=http://deb.debian.org/debian
 
@@ -36,8 +43,19 @@ M2=${HOME:-/root}/.m2
 case $suite in
   trixie) major=17; upgrade_from=; sources=("deb $MIRROR trixie main") ;;
   sid) major=18; upgrade_from=17; sources=("deb $MIRROR sid main" "deb $MIRROR trixie main") ;;
-  *) echo "pgtree: unknown suite '$suite' (trixie or sid)" >&2; exit 2 ;;
+  experimental) major=19; upgrade_from=18; sources=("deb $MIRROR sid main" "deb $MIRROR experimental main") ;;
+  *) echo "pgtree: unknown suite '$suite' (trixie, sid or experimental)" >&2; exit 2 ;;
 esac
+# experimental is NotAutomatic (priority 1): apt takes from it only what the
+# tree's own preferences raise, here postgresql-19's server, client and
+# headers and the libpq (library and headers) they depend on (>= 19~rc1).
+# The tree base is sid's.
+pin=()
+mmsuite=$suite
+if [ "$suite" = experimental ]; then
+  mmsuite=sid
+  pin=(--setup-hook='mkdir -p "$1/etc/apt/preferences.d" && printf "%s\n" "Package: postgresql-19 postgresql-client-19 postgresql-server-dev-19 libpq5 libpq-dev" "Pin: release a=experimental" "Pin-Priority: 500" >"$1/etc/apt/preferences.d/postgresql-19"')
+fi
 tree=${OUTBOX_TREE_DIR:-/tmp/outbox-tree-$suite}
 SECONDS=0
 say() { echo "== [pgtree $suite, ${SECONDS}s] $*"; }
@@ -95,7 +113,7 @@ remove_tree
 trap cleanup EXIT
 # sid's index may carry an expired Valid-Until.
 mmdebstrap --quiet --variant=apt --aptopt='Acquire::Check-Valid-Until "false"' --include="$pkgs" \
-  "$suite" "$tree" "${sources[@]}"
+  "${pin[@]}" "$mmsuite" "$tree" "${sources[@]}"
 mount -t proc proc "$tree/proc"
 mount -t tmpfs -o mode=1777 shm "$tree/dev/shm"
 if [ -n "$need_kafka" ]; then

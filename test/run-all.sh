@@ -7,7 +7,7 @@
 # As root on a fresh Debian machine it first installs what is missing,
 # builds and installs the extension.  Postgres itself always runs as the
 # `postgres` user.  PG_CONFIG picks the PostgreSQL version (15, Debian 12's,
-# by default); test/pgtree.sh runs this script for 17 and 18 in Debian trees
+# by default); test/pgtree.sh runs this script for 17, 18 and 19 in Debian trees
 # made for them.  OUTBOX_E2E names the end-to-end suites to run (e.g.
 # "test_relay test_inbox"; default: every test/e2e/test_*.py).
 set -euo pipefail

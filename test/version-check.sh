@@ -2,7 +2,7 @@
 # `make` against a PostgreSQL version pg outbox does not support stops
 # before compiling anything, with one line naming the supported versions
 # (include/outbox/pg_compat.h, the Makefile's pg_version_check).  Fakes 14
-# and 19 by copying the server headers of PG_CONFIG with another
+# and 20 by copying the server headers of PG_CONFIG with another
 # PG_VERSION_NUM, and runs make in a copy of the sources; the real headers
 # pass the check.
 set -euo pipefail
@@ -31,9 +31,9 @@ check() {  # check <PG_VERSION_NUM or "real"> <expect: ok|refused>
   else
     local lines
     lines=$(grep -v '^make' "$work/out" | wc -l)
-    if [ $rc -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -q '15, 16, 17 and 18' "$work/out" ||
+    if [ $rc -eq 0 ] || [ "$lines" -ne 1 ] || ! grep -q '15, 16, 17, 18 and 19' "$work/out" ||
        [ -n "$(find "$work/src" -name '*.o' -print -quit)" ]; then
-      echo "FAIL: $1 should stop before compiling, with one line naming 15, 16, 17 and 18; got (rc $rc):"
+      echo "FAIL: $1 should stop before compiling, with one line naming 15, 16, 17, 18 and 19; got (rc $rc):"
       cat "$work/out"
       exit 1
     fi
@@ -42,4 +42,4 @@ check() {  # check <PG_VERSION_NUM or "real"> <expect: ok|refused>
 }
 check real ok
 check 140011 refused
-check 190000 refused
+check 200000 refused

@@ -1,6 +1,7 @@
 // Every difference between the PostgreSQL versions pg outbox builds against,
 // in one place (as pg_net's pg_prelude.h): no other file tests
-// PG_VERSION_NUM.  15, 17 and 18 are built and tested (README, Install);
+// PG_VERSION_NUM.  15, 17, 18 and 19 (19~rc1, Debian experimental) are
+// built and tested (README, Install);
 // 16 is built on paper only (no Debian suite packages it): its branches
 // follow the 15 and 17 APIs it sits between.  Included by outbox/pg.h only.
 // The Makefile preprocesses this header alone before it compiles anything,
@@ -19,8 +20,8 @@ extern "C" {
 #include "postgres.h"
 }
 
-#if PG_VERSION_NUM < 150000 || PG_VERSION_NUM >= 190000
-#error "pg outbox builds against PostgreSQL 15, 16, 17 and 18 only; pg_config names another version"
+#if PG_VERSION_NUM < 150000 || PG_VERSION_NUM >= 200000
+#error "pg outbox builds against PostgreSQL 15, 16, 17, 18 and 19 only; pg_config names another version"
 #else
 
 extern "C" {
@@ -28,6 +29,13 @@ extern "C" {
 #include "access/relation.h"
 #include "catalog/dependency.h"
 #include "catalog/pg_proc.h"
+#if PG_VERSION_NUM >= 190000
+// get_database_name(): 19 moved it (and get_database_oid()) from
+// commands/dbcommands.h to utils/lsyscache.h.
+#include "utils/lsyscache.h"
+#else
+#include "commands/dbcommands.h"
+#endif
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
