@@ -25,7 +25,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kafka"))
-from harness import (ORDERS_SCHEMA, PG_BIN, PgCluster, Writers, as_postgres, check_places,  # noqa: E402
+from harness import (ORDERS_SCHEMA, PG_BIN, PgCluster, Writers, as_postgres, check_places, tier_may_skip,  # noqa: E402
                      wait_until)
 from test_real_kafka import RealKafkaTest, committed_rows, verify  # noqa: E402
 
@@ -226,6 +226,7 @@ class Delivery(ExactlyOnceTest):
         self.check("2_refused_parked", "eos.ok", min_written=200)
 
 
+@tier_may_skip
 class Transactions(ExactlyOnceTest):
     extra = {"outbox.kafka_config": "'transaction.timeout.ms=3600000'"}
 
@@ -280,6 +281,7 @@ class Faults(ExactlyOnceTest):
         self.run_fault("during_mark", "eos.kill.mark")
 
 
+@tier_may_skip
 class Coordinator(ExactlyOnceTest):
     workers = 1
 
@@ -304,6 +306,7 @@ class Coordinator(ExactlyOnceTest):
         self.check("9_coordinator_killed", "eos.coordinator", min_written=5000)
 
 
+@tier_may_skip
 class FaultsAsyncCommit(Faults):
     extra = {"outbox.synchronous_commit": "off"}
 
@@ -332,6 +335,7 @@ class FaultsAsyncCommit(Faults):
         self.skipTest("covered by Faults")
 
 
+@tier_may_skip
 class Workers(ExactlyOnceTest):
     workers = 2
     extra = {"restart_after_crash": "off"}
@@ -480,6 +484,7 @@ class Fencing(ExactlyOnceTest):
         self.assertIn(tid, copy.log())
 
 
+@tier_may_skip
 class LateProgressTopic(ExactlyOnceTest):
     workers = 1
     extra = {"outbox.progress_topic": "'eos.progress.late'"}
@@ -501,6 +506,7 @@ class LateProgressTopic(ExactlyOnceTest):
         self.check("11_progress_topic_created_late", "eos.late", min_written=20)
 
 
+@tier_may_skip
 class ProgressTopicRows(ExactlyOnceTest):
     def test_10_a_row_on_the_progress_topic_is_parked_not_sent(self):
         """outbox.write refuses the progress topic (sql/hostile.sql); a row that is there all
@@ -542,10 +548,7 @@ class ProgressTopicRows(ExactlyOnceTest):
         self.check("10_progress_topic_row_parked", "eos.beside", min_written=40)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
+@tier_may_skip
 class Refusals(ExactlyOnceTest):
     """Issue 43: whatever Kafka refuses, at whatever step of a transaction, costs the rows
     that caused it, never the relay: while another role writes 20 msg/s, rows Kafka refuses
@@ -671,3 +674,7 @@ class Refusals(ExactlyOnceTest):
                 (f"v{i}".encode(),)),
             20, "(?i)validate record")
         self.assertEqual(len(KAFKA.dump("eos.compact", "read_committed")), 1, "the keyed one")
+
+
+if __name__ == "__main__":
+    unittest.main()
