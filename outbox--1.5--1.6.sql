@@ -160,3 +160,12 @@ AS $$
       FROM outbox.outbox_message m
      WHERE m.message_id OPERATOR(pg_catalog.=) message_status.message_id
 $$;
+
+-- A key's order is per (topic, key), and a record without a key orders
+-- nothing: outbox.write_bytes() without a key stores key NULL (before, '',
+-- which held back and was held back by every other keyless record, and by
+-- outbox.write() messages whose key is ''). The pending and parked keyless
+-- rows move to NULL; published ones keep '' (nothing orders them anymore).
+ALTER TABLE outbox.outbox_message ALTER COLUMN key DROP NOT NULL;
+UPDATE outbox.outbox_message SET key = NULL
+ WHERE published_at IS NULL AND is_binary AND key_bytes IS NULL AND key = '';

@@ -67,7 +67,9 @@ CREATE TABLE outbox.outbox_message (
     id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY WITH (fillfactor = 50),
     message_id    uuid        NOT NULL UNIQUE WITH (fillfactor = 50),
     topic         text        NOT NULL,
-    key           text        NOT NULL,
+    -- What orders the message among its topic's messages of the same key
+    -- (NULL: a write_bytes() record without a key, ordered by nothing).
+    key           text,
     payload       jsonb       NOT NULL,
     headers       jsonb       NOT NULL DEFAULT '{}',
     created_at    timestamptz NOT NULL DEFAULT now(),

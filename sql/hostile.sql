@@ -39,10 +39,24 @@ SELECT outbox.write('order.events', 'k', '{}', jsonb_build_object('h', repeat(ch
 -- carries it) and stop that relay at its next recovery: refused, whatever
 -- the delivery mode, naming the setting.
 SELECT outbox.write('pg_outbox_progress', 'pg_outbox-1-regression-2of2', '{"x": 1}');
+-- Nor on Kafka's own topics ("__" first): a record on __consumer_offsets
+-- aborted every exactly-once transaction it was in, and could break the
+-- cluster's consumer groups.
+SELECT outbox.write('__consumer_offsets', 'k', '{"x": 1}');
+SELECT outbox.write('__transaction_state', 'k', '{"x": 1}');
 RESET ROLE;
 -- Nor may the owner put one there with write_bytes().
 SELECT outbox.write_bytes('pg_outbox_progress', 'k'::bytea, NULL);
+SELECT outbox.write_bytes('__consumer_offsets', 'k'::bytea, NULL);
 SELECT count(*) AS on_progress_topic FROM outbox.outbox_message WHERE topic = 'pg_outbox_progress';
+SELECT count(*) AS on_internal_topics FROM outbox.outbox_message WHERE topic LIKE '\_\_%';
+-- A record without a key stores key NULL, which equals no other key: it
+-- holds back, and is held back by, nothing (a '' key once made every
+-- keyless record of every role wait behind one refused keyless record).
+SELECT outbox.write_bytes('order.events', NULL, '\x01') IS NOT NULL AS wrote,
+       outbox.write_bytes('order.events', '', '\x02') IS NOT NULL AS wrote_empty_key;
+SELECT key IS NULL AS key_is_null, key_bytes FROM outbox.outbox_message
+ WHERE is_binary AND value IN ('\x01', '\x02') ORDER BY id;
 -- write_bytes()'s key too (as a superuser: the attacker may not call it).
 SELECT outbox.write_bytes('order.events', decode(repeat('00', 1100000), 'hex'), NULL);
 SET outbox.max_message_bytes = '10MB';  -- a superuser may

@@ -31,11 +31,11 @@ BEGIN
      WHERE jsonb_typeof(s) = 'object' AND s->>'Node Type' LIKE '%Scan'
      ORDER BY 1, 2, 3;
 END $$;
-PREPARE claim(int, text[], int, int, bigint, boolean) AS SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid, is_binary, key_bytes, value, kafka_partition FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5 AND key NOT IN (SELECT pg_catalog.unnest($2)) AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4 AND ($6 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED;
+PREPARE claim(int, text[], int, int, bigint, boolean) AS SELECT id, message_id, topic, key, payload, headers, ctid AS claimed_ctid, is_binary, key_bytes, value, kafka_partition FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5 AND (key IS NULL OR (topic || ' ' || key) NOT IN (SELECT pg_catalog.unnest($2))) AND (COALESCE(pg_catalog.hashtext(key) & 2147483647, id)) % $3 = $4 AND ($6 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.topic = m.topic AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED;
 -- One generic plan, whatever $6 says: while a message waits for a retry,
 -- each row also probes the few that wait (w).
 SELECT * FROM pg_temp.scans($$EXECUTE claim(1000, '{}', 1, 0, 0, true)$$);
-PREPARE first_pending(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
+PREPARE first_pending(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id >= $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.topic = m.topic AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
 SELECT * FROM pg_temp.scans($$EXECUTE first_pending(0, true)$$);
 PREPARE mark_claimed(tid[]) AS UPDATE outbox.outbox_message SET published_at = pg_catalog.statement_timestamp() WHERE ctid = ANY($1);
 EXPLAIN (COSTS OFF) EXECUTE mark_claimed('{"(0,1)"}');
@@ -58,7 +58,7 @@ PREPARE retention_processed(timestamptz, int, timestamptz) AS DELETE FROM outbox
 SELECT * FROM pg_temp.scans($$EXECUTE retention_processed(now(), 1000, '-infinity')$$);
 PREPARE retention_inbox(timestamptz, int, timestamptz) AS DELETE FROM outbox.inbox_message WHERE (event_id, topic) IN (SELECT event_id, topic FROM outbox.inbox_message WHERE processed AND processed_at >= $3 AND processed_at < $1 ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND processed AND processed_at < $1 RETURNING processed_at;
 SELECT * FROM pg_temp.scans($$EXECUTE retention_inbox(now(), 1000, '-infinity')$$);
-PREPARE straggler(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
+PREPARE straggler(bigint, boolean) AS SELECT id FROM outbox.outbox_message m WHERE published_at IS NULL AND parked_at IS NULL AND id < $1 AND ($2 OR (m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now()) AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key AND w.topic = m.topic AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())) ORDER BY id LIMIT 1;
 SELECT * FROM pg_temp.scans($$EXECUTE straggler(100, true)$$);
 -- The relay's look at the messages that wait for a retry, on a table with a
 -- backlog (10,000 pending, 10 waiting, analysed): each reads one of the

@@ -72,9 +72,14 @@ CREATE FUNCTION public.regress_gone(m outbox.inbox_message) RETURNS void LANGUAG
 SELECT outbox.inbox_subscribe('kept.events', 'public.regress_keep(outbox.inbox_message)');
 SELECT outbox.inbox_subscribe('gone.events', 'public.regress_gone(outbox.inbox_message)');
 DROP FUNCTION public.regress_gone(outbox.inbox_message);
+-- A record without a key under 1.5 stored key '' (which held every keyless
+-- record back behind each other): pending, it is NULL after the update.
+SELECT outbox.write_bytes('order.events', NULL, '\x0a') IS NOT NULL AS keyless_under_15;
+SELECT key = '' AS empty_key FROM outbox.outbox_message WHERE value = '\x0a';
 
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+SELECT key IS NULL AS keyless_now_null FROM outbox.outbox_message WHERE value = '\x0a';
 SELECT topic, CASE WHEN handler LIKE 'outbox."dropped handler %"()' THEN 'outbox."dropped handler <oid>"()'
                    ELSE handler END AS handler,
        to_regprocedure(handler) IS NOT NULL AS resolves, pg_typeof(handler) AS stored_as

@@ -157,7 +157,7 @@ bool kafka_connect(RelayState *r, int wake_fd, const char *brokers, const char *
         if (r->eos) s.transactional_id = r->tid;
         std::string error;
         r->producer = Producer::create(s, wake_fd, error);
-        if (r->producer && r->eos) r->producer->set_refusals(&r->refusals);
+        if (r->producer) r->producer->set_refusals(&r->refusals);
         return r->producer || report_error(err, errlen, error);
     } catch (const std::exception &e) {
         return report_error(err, errlen, e.what());

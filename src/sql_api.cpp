@@ -171,7 +171,7 @@ void check_key_size(const char *function, Datum key, bool is_text) {
 void common_arguments(const char *fn, FunctionCallInfo fcinfo, OutboxNewMessage *m) {
     if (PG_ARGISNULL(0)) outbox_null_argument(fn, "topic");
     outbox_check_topic(fn, PG_GETARG_TEXT_PP(0));
-    outbox_check_not_progress_topic(fn, PG_GETARG_TEXT_PP(0));
+    outbox_check_writable_topic(fn, PG_GETARG_TEXT_PP(0));
     m->topic = PG_GETARG_DATUM(0);
     Datum headers;
     if (PG_ARGISNULL(3)) {
@@ -292,8 +292,13 @@ Datum outbox_write_bytes(PG_FUNCTION_ARGS) {
         check_key_size(fn, PG_GETARG_DATUM(1), false);
         m.key_bytes = PG_GETARG_DATUM(1);
         m.key = order_key_of_bytes(PG_GETARG_BYTEA_PP(1));
+    } else if (outbox_schema_version() >= kOutboxSchema16) {
+        // No key: the key column is NULL, which equals no key and holds
+        // nothing back (a keyless record orders nothing).
+        m.keyless = true;
+        m.key = (Datum) 0;
     } else {
-        m.key = CStringGetTextDatum("");
+        m.key = CStringGetTextDatum("");  // schema 1.5 and older: key NOT NULL
     }
     m.payload = DirectFunctionCall1(jsonb_in, CStringGetDatum("null"));
     PG_RETURN_UUID_P(insert(&m));

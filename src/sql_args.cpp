@@ -22,7 +22,18 @@ void outbox_check_topic(const char *function, text *topic) {
                         errdetail("%s.", why)));
 }
 
-void outbox_check_not_progress_topic(const char *function, text *topic) {
+void outbox_check_writable_topic(const char *function, text *topic) {
+    // Kafka's own topics (__consumer_offsets, __transaction_state, and any
+    // name it keeps for itself: "__" first): a message there could break
+    // every consumer group or transaction of the cluster, and Kafka refuses
+    // most producers there anyway.
+    if (VARSIZE_ANY_EXHDR(topic) >= 2 && VARDATA_ANY(topic)[0] == '_' && VARDATA_ANY(topic)[1] == '_')
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("%s: topic \"%s\" is one of Kafka's internal topics", function,
+                               text_to_cstring(topic)),
+                        errdetail("Topics whose names begin with \"__\" belong to Kafka itself "
+                                  "(__consumer_offsets, __transaction_state)."),
+                        errhint("Write to a topic of your own.")));
     if (outbox_is_progress_topic(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)))
         ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                         errmsg("%s: topic \"%s\" is outbox.progress_topic", function,

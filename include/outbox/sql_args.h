@@ -9,7 +9,9 @@
 
 // ERROR 22023 when Kafka would refuse `topic` as a topic name, saying why.
 void outbox_check_topic(const char *function, text *topic);
-// ERROR when `topic` is outbox.progress_topic: the exactly-once relays'
-// own records are there, and a message keyed like one of their ids could
-// become its last progress record.
-void outbox_check_not_progress_topic(const char *function, text *topic);
+// ERROR when `topic` is one of Kafka's internal topics (a name beginning
+// with "__": __consumer_offsets, __transaction_state), or
+// outbox.progress_topic: the exactly-once relays' own records are there,
+// and a message keyed like one of their ids could become its last progress
+// record.
+void outbox_check_writable_topic(const char *function, text *topic);

@@ -132,6 +132,7 @@ rd_kafka_topic_s *Producer::topic_handle(std::string_view name) {
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk_, owned.c_str(), nullptr);
     if (!rkt) return nullptr;
     topics_.emplace_back(std::move(owned), rkt);
+    topic_known_.push_back(0);
     last_topic_ = topics_.size() - 1;
     return rkt;
 }
@@ -256,9 +257,11 @@ void Producer::produce_one(const Record &r) {
         return;
     }
     auto topic_index = static_cast<uint32_t>(last_topic_);
-    // Refused lately (exactly once): not into this transaction before its
-    // retry time, charged with Kafka's remembered reason.
-    if (transactional_ && refusals_ && !refusals_->empty()) {
+    // Refused lately: not produced (nor, exactly once, put into a
+    // transaction) before its retry time, charged with Kafka's remembered
+    // reason.  Another role's refused records never take the relay's
+    // in-flight room or the batch's wait.
+    if (refusals_ && !refusals_->empty()) {
         std::string remembered;
         if (refusals_->refused(std::string_view(r.topic, r.topic_len), r.key != nullptr,
                                (r.value ? r.value_len : 0) + (r.key ? r.key_len : 0),
@@ -269,9 +272,18 @@ void Producer::produce_one(const Record &r) {
             return;
         }
     }
-    if (transactional_ && !topic_exists(std::string_view(r.topic, r.topic_len), rkt)) {
+    // A topic the cluster does not have (auto-create off): librdkafka would
+    // keep its records up to topic.metadata.propagation.max.ms (30 s),
+    // holding the relay's in-flight room and the batch's wait for everyone.
+    // Refused at once instead, and remembered, so that the cluster is asked
+    // again only when the memory runs out (1 s, doubling up to 60 s).
+    if (!topic_known_[topic_index] && !topic_exists(topic_index, rkt)) {
         rd_kafka_headers_destroy(hdrs);
-        fail(r.id, refusal_text(RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, r), true);
+        std::string reason = refusal_text(RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, r);
+        if (refusals_)
+            refusals_->note(std::string_view(r.topic, r.topic_len), TopicRefusals::Scope::Topic, 0,
+                            std::string(rd_kafka_err2str(RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)));
+        fail(r.id, std::move(reason), true);
         hold();
         return;
     }
@@ -320,20 +332,27 @@ void Producer::produce_one(const Record &r) {
     }
 }
 
-bool Producer::topic_exists(std::string_view name, rd_kafka_topic_s *rkt) {
-    std::string key(name);
-    if (topics_exist_.count(key)) return true;
+bool Producer::topic_exists(std::size_t index, rd_kafka_topic_s *rkt) {
+    const std::string &key = topics_[index].first;
     if (topics_absent_.count(key)) return false;
+    // When the brokers cannot say (an outage, or they did not answer in
+    // time), the record goes, librdkafka keeps it until they can, and the
+    // cluster is not asked about this topic again for a while: an outage
+    // never costs a metadata wait per batch.
+    auto now = std::chrono::steady_clock::now();
+    if (state_ == BrokerState::Down || now < metadata_unsure_until_) return true;
     const rd_kafka_metadata_t *md = nullptr;
-    // Bounded: the first batch for a topic only.  When the brokers cannot
-    // say (an outage), the record goes and the commit's timeout decides.
-    if (rd_kafka_metadata(rk_, 0, rkt, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR) return true;
+    if (rd_kafka_metadata(rk_, 0, rkt, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        // One wait per 30 s at most, whatever the number of new topics.
+        metadata_unsure_until_ = now + std::chrono::seconds(30);
+        return true;
+    }
     bool absent = md->topic_cnt == 1 && (md->topics[0].err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
                                          md->topics[0].err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC);
     bool exists = md->topic_cnt == 1 && md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR &&
                   md->topics[0].partition_cnt > 0;
     rd_kafka_metadata_destroy(md);
-    if (exists) topics_exist_.insert(key);
+    if (exists) topic_known_[index] = 1;
     if (absent) topics_absent_.insert(key);
     return !absent;
 }
@@ -521,7 +540,7 @@ void Producer::outcome(const rd_kafka_message_t *msg, Batch *batch, const Slot *
         log_.add(LogLevel::Warning, "delivery failed: " + text);
         last_logged_delivery_error_ = text;
     }
-    if (transactional_) remember_refusal(msg, text);
+    remember_refusal(msg, text);
     fail(id, std::move(text), is_permanent_error(msg->err));
 }
 
@@ -589,7 +608,7 @@ void Producer::logged(int level, const char *fac, const char *buf) {
 // A record Kafka refused in a transaction: what of its topic it will
 // refuse again (TopicRefusals::Scope).
 void Producer::remember_refusal(const rd_kafka_message_t *msg, const std::string &text) {
-    ++txn_dr_failures_;
+    if (transactional_) ++txn_dr_failures_;
     if (!refusals_ || !is_permanent_error(msg->err) || !msg->rkt) return;
     TopicRefusals::Scope scope = TopicRefusals::Scope::Topic;
     if (msg->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||

@@ -164,9 +164,10 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, OutboxShare shar
         bool has_value = !isnull;
         int64 raw = has_value ? static_cast<int64>(toast_raw_datum_size(value)) : 0;
         Datum headers = outbox_col(i, sql::kClaimHeaders, &isnull);
-        Datum key = outbox_col(i, sql::kClaimKey, &isnull);
+        bool key_null;
+        Datum key = outbox_col(i, sql::kClaimKey, &key_null);
         int64 bytes = raw + static_cast<int64>(toast_raw_datum_size(headers)) +
-                      static_cast<int64>(toast_raw_datum_size(key));
+                      (key_null ? 0 : static_cast<int64>(toast_raw_datum_size(key)));
         if (i > 0 && used + bytes > byte_budget) {
             out->left = n - i;
             break;
@@ -179,7 +180,22 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, OutboxShare shar
         format_uuid(DatumGetUUIDP(outbox_col(i, sql::kClaimMessageId, &isnull)), eid);
         r.event_id = eid;
         r.topic = text_bytes(outbox_col(i, sql::kClaimTopic, &isnull), &r.topic_len);
-        r.order_key = text_bytes(key, &r.order_key_len);
+        // The order key is "topic key", as the claim compares it: a key's
+        // order is per topic.  Keyless rows (key NULL) have none.
+        std::size_t key_text_len = 0;
+        const char *key_text = key_null ? nullptr : text_bytes(key, &key_text_len);
+        if (key_text) {
+            char *ok = static_cast<char *>(palloc(r.topic_len + 1 + key_text_len + 1));
+            memcpy(ok, r.topic, r.topic_len);
+            ok[r.topic_len] = ' ';
+            memcpy(ok + r.topic_len + 1, key_text, key_text_len);
+            ok[r.topic_len + 1 + key_text_len] = '\0';
+            r.order_key = ok;
+            r.order_key_len = r.topic_len + 1 + key_text_len;
+        } else {
+            r.order_key = nullptr;
+            r.order_key_len = 0;
+        }
         Datum p = outbox_col(i, sql::kClaimPartition, &isnull);
         r.partition = isnull ? -1 : DatumGetInt32(p);
         char *error = nullptr;
@@ -196,8 +212,8 @@ void outbox_relay_claim(int schema, int limit, int64 low_water, OutboxShare shar
             }
             if (has_value) r.value = text_bytes(value, &r.value_len);
         } else {
-            r.key_len = r.order_key_len;
-            r.key = utf8_or_error(r.order_key, &r.key_len, "key", &error);
+            r.key_len = key_text_len;
+            r.key = utf8_or_error(key_text ? key_text : "", &r.key_len, "key", &error);
             r.value = render_json(value, "payload", &r.value_len, &error);
             r.value = utf8_or_error(r.value, &r.value_len, "payload", &error);
         }

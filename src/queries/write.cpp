@@ -39,7 +39,7 @@ int64 outbox_insert_message(const OutboxNewMessage *m) {
                        BoolGetDatum(m->is_binary),
                        m->key_bytes,
                        m->value};
-    char nulls[9] = {' ', ' ', ' ', ' ', ' ', m->has_partition ? ' ' : 'n', ' ',
+    char nulls[9] = {' ', ' ', m->keyless ? 'n' : ' ', ' ', ' ', m->has_partition ? ' ' : 'n', ' ',
                      m->has_key_bytes ? ' ' : 'n', m->has_value ? ' ' : 'n'};
     outbox_run(full ? &insert_full_query : &insert_query, values, nulls, 0);
     bool isnull;

@@ -623,6 +623,13 @@ class Refusals(ExactlyOnceTest):
         for attempts, error in parked:
             self.assertEqual(attempts, 3)
             self.assertRegex(error, reason)
+        waits = sorted(r[0] for r in self.pg.sql(
+            "SELECT extract(epoch FROM published_at - created_at)::float8 FROM outbox.outbox_message"
+            " WHERE topic = %s", (other,)))
+        p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))]
+        print(f"[exactly once] {name}: the other role's wait p50 {waits[len(waits) // 2] * 1000:.0f} ms,"
+              f" p99 {p99 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms ({len(waits)} messages)",
+              file=sys.stderr, flush=True)
         result = self.check(f"12_{name}", other, min_written=40)
         copies = len(KAFKA.dump(other)) - result["delivered"]
         print(f"[exactly once] {name}: the other role's records in aborted transactions: "
@@ -634,11 +641,14 @@ class Refusals(ExactlyOnceTest):
     def test_12a_an_internal_topic(self):
         """__consumer_offsets: Kafka refuses to add its partition to any transaction
         (TOPIC_AUTHORIZATION_FAILED on AddPartitionsToTxn), and librdkafka 2.0.2 then fails
-        the abort fatally. It once stopped every relay for good."""
+        the abort fatally. It once stopped every relay for good. outbox.write() refuses such a
+        topic from 1.6 (sql/api.sql); the rows here are what an older version took, inserted
+        by the table's owner."""
         KAFKA.group_offsets("pg-outbox-test-43")  # the topic exists once a group was asked for
         self.refused_beside_another_role(
             "internal", lambda i: self.pg.sql(
-                "SELECT outbox.write('__consumer_offsets', %s, '{}')", (f"a-{i}",)),
+                "INSERT INTO outbox.outbox_message (message_id, topic, key, payload) "
+                "VALUES (gen_random_uuid(), '__consumer_offsets', %s, '{}')", (f"a-{i}",)),
             5, "Topic authorization failed")
 
     def test_12b_a_topic_the_relay_may_not_write(self):

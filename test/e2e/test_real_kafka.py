@@ -361,6 +361,52 @@ class RefusalTest(RealKafkaTest):
                         result["order_violations"], 2))
 
 
+class UnknownTopicTest(RealKafkaTest):
+    settings = {"outbox.max_attempts": 10}
+
+    def test_5b_an_unknown_topic_stalls_no_other_role(self):
+        """Issue 39: one statement writes 20,000 messages to a topic the cluster does not have
+        (auto-create off) while another role writes every 0.5 s. librdkafka keeps records of a
+        topic it has no metadata for up to topic.metadata.propagation.max.ms (30 s): the relay
+        waited for them and stopped claiming once its in-flight limit was full of them (the
+        other role's messages waited 30.6 s). Now they are refused at once and remembered;
+        the other role's wait stays under 2 s (p99), nothing lost, in order."""
+        victim = "rk.victim"
+        KAFKA.create_topic(victim, partitions=3)
+        conn = self.pg.connect()
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("SELECT count(outbox.write('rk.nowhere', 'k' || (g % 50), jsonb_build_object('g', g)))"
+                    " FROM generate_series(1, 20000) g")
+        ids = []
+        for i in range(30):
+            cur.execute("SELECT outbox.write(%s, %s, %s::jsonb)::text", (victim, f"v{i % 3}", json.dumps({"i": i})))
+            ids.append(cur.fetchone()[0])
+            time.sleep(0.5)
+        conn.close()
+        wait_until(lambda: self.pg.scalar("SELECT count(*) FROM outbox.outbox_message WHERE topic = %s"
+                                          " AND published_at IS NOT NULL", (victim,)) == len(ids),
+                   120, interval=0.5, what="the other role's messages published")
+        waits = sorted(r[0] for r in self.pg.sql(
+            "SELECT extract(epoch FROM published_at - created_at)::float8 FROM outbox.outbox_message"
+            " WHERE topic = %s", (victim,)))
+        p50, p99 = waits[len(waits) // 2], waits[min(len(waits) - 1, int(len(waits) * 0.99))]
+        refused = self.pg.scalar("SELECT count(*) FROM outbox.outbox_message WHERE topic = 'rk.nowhere'"
+                                 " AND attempts > 0")
+        error = self.pg.scalar("SELECT last_error FROM outbox.outbox_message WHERE topic = 'rk.nowhere'"
+                               " AND attempts > 0 LIMIT 1")
+        print(f"\n[real kafka] unknown topic beside another role: its wait p50 {p50 * 1000:.0f} ms, "
+              f"p99 {p99 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms; rows of the unknown topic "
+              f"refused {refused} of 20000: {error!r}", file=sys.stderr, flush=True)
+        self.assertLessEqual(p99, 2.0)
+        self.assertRegex(error, "(?i)unknown topic")
+        result = verify(KAFKA.dump(victim), committed_rows(self.pg, victim))
+        RESULTS.append(("5b_unknown_topic_beside_another_role", result["written"], result["delivered"],
+                        result["lost"], result["duplicates"], result["order_violations"], 0))
+        self.assertEqual((result["written"], result["delivered"], result["lost"],
+                          result["order_violations"]), (30, 30, 0, 0), result)
+
+
 class SaslTest(RealKafkaTest):
     """SASL_SSL (SCRAM-SHA-512, or PLAIN with librdkafka < 2.6.1), a CA made by openssl,
     the password in outbox.kafka_config_file."""

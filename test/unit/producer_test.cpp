@@ -55,17 +55,22 @@ struct Pipe {
     }
 };
 
-// Owns the strings a Record points to.
+// Owns the strings a Record points to.  The order key is "topic key", as
+// the relay builds it (a key's order is per topic).
 struct Row {
     int64_t id;
     std::string topic, key, value, headers, event_id;
+    mutable std::string order;
     Record record() const {
         Record r{};
         r.id = id;
         r.topic = topic.data();
         r.topic_len = topic.size();
-        r.order_key = r.key = key.data();
-        r.order_key_len = r.key_len = key.size();
+        order = topic + " " + key;
+        r.order_key = order.data();
+        r.order_key_len = order.size();
+        r.key = key.data();
+        r.key_len = key.size();
         r.value = value.data();
         r.value_len = value.size();
         r.headers = headers.data();
@@ -90,7 +95,7 @@ std::string uuid_for(int64_t id) {
 
 Row row(int64_t id, std::string key, std::string headers = "{}", std::string topic = "orders") {
     return Row{id, std::move(topic), std::move(key),
-               "{\"n\": " + std::to_string(id) + "}", std::move(headers), uuid_for(id)};
+               "{\"n\": " + std::to_string(id) + "}", std::move(headers), uuid_for(id), {}};
 }
 
 std::unique_ptr<Producer> make_producer(const MockCluster &c, int fd, std::string extra = "") {
@@ -289,6 +294,63 @@ TEST(Producer, BadHeadersFailForGoodAndHoldTheKeysLaterRecords) {
     EXPECT_EQ(p->held_count(), 2u);  // 3 and 5: key "b" after the failure
 }
 
+// A key's order is per topic: a failure holds back its key's later records
+// on its topic, never the same key's records on another topic (another
+// role's, in practice).
+TEST(Producer, AFailureHoldsItsKeyOnItsTopicOnly) {
+    MockCluster cluster;
+    rd_kafka_mock_topic_create(cluster.mc, "payments", 2, 1);
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {row(1, "b", R"({"n": 1})"), row(2, "b", "{}", "payments"), row(3, "b"),
+                             row(4, "b", "{}", "payments")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{2, 4}));
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_EQ(p->failed_ids()[0], 1);
+    EXPECT_EQ(p->held_count(), 1u);  // 3: "b" on orders, after the failure
+}
+
+// A topic the cluster does not have (auto-create off): its records fail at
+// once, for good, without taking in-flight room (librdkafka would keep them
+// up to topic.metadata.propagation.max.ms, 30 s, and the relay's batch
+// would wait for them), and the refusal is remembered: the next batch's
+// records of that topic fail from memory, without asking the cluster.
+TEST(Producer, AnUnknownTopicFailsAtOnceAndIsRemembered) {
+    MockCluster cluster;
+    rd_kafka_mock_topic_set_error(cluster.mc, "absent", RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    outbox::kafka::TopicRefusals memory;
+    p->set_refusals(&memory);
+    std::vector<Row> rows = {row(1, "a", "{}", "absent"), row(2, "a"), row(3, "b", "{}", "absent"),
+                             row(4, "b")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    EXPECT_EQ(p->in_flight(), 2u) << "only the existing topic's records are in flight";
+    ASSERT_EQ(p->failed_count(), 2u);
+    EXPECT_EQ(p->failed_ids()[0], 1);
+    EXPECT_EQ(p->failed_ids()[1], 3);
+    EXPECT_TRUE(p->failed_permanent(0));
+    EXPECT_NE(std::string(p->failed_error(0)).find("Unknown topic"), std::string::npos)
+        << p->failed_error(0);
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{2, 4}));
+    p->clear_resolved();
+
+    std::vector<Row> again = {row(5, "c", "{}", "absent"), row(6, "c")};
+    auto recs2 = records_of(again);
+    p->produce(recs2.data(), recs2.size());
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_EQ(p->failed_ids()[0], 5);
+    EXPECT_NE(std::string(p->failed_error(0)).find("not sent again"), std::string::npos)
+        << p->failed_error(0);
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{6}));
+}
+
 TEST(Producer, OversizedRecordFailsAtOnceAndHoldsItsKey) {
     MockCluster cluster;
     Pipe pipe;
@@ -450,7 +512,7 @@ TEST(Producer, BatchesOverlapAndInFlightKeysAreListed) {
     EXPECT_EQ(p->batch_in_flight(), 1u) << "only the last batch counts as the batch";
     std::set<std::string> keys;
     for (size_t i = 0, n = p->snapshot_in_flight_keys(); i < n; i++) keys.insert(std::string(p->in_flight_key(i)));
-    EXPECT_EQ(keys, (std::set<std::string>{"a", "b", "c"}));
+    EXPECT_EQ(keys, (std::set<std::string>{"orders a", "orders b", "orders c"}));
 
     rd_kafka_mock_broker_set_up(cluster.mc, -1);
     wait_all(*p, 30);

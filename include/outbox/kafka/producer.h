@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -47,10 +48,11 @@ struct Record {
     int64_t id;
     const char *topic;
     std::size_t topic_len;
-    // What orders the row among its key's rows (the key column): a key has
-    // records of one batch at a time in flight, and a refusal holds back the
-    // key's later records.  nullptr: a record without a key, ordered by
-    // nothing.
+    // What orders the row among its key's rows: "topic key" (a key's order
+    // is per topic; the relay builds it from the row's topic and key
+    // columns).  A (topic, key) has records of one batch at a time in
+    // flight, and a refusal holds back its later records.  nullptr: a
+    // record without a key, ordered by nothing.
     const char *order_key;
     std::size_t order_key_len;
     const char *key;  // the Kafka key's bytes; nullptr: no key
@@ -320,13 +322,17 @@ private:
     // A failed commit: charges what caused it (see set_refusals()).
     void charge_failed_transaction(int code, const std::string &error);
     uint64_t txn_digest_ = 0;           // and what they were
-    // Transactional mode: topics the brokers said exist, and those they
-    // said do not, in this batch.  A record for a topic that does not exist
-    // would wait in librdkafka past the commit's timeout (auto-create off):
-    // it is refused at once instead, as an idempotent producer's is.
-    std::unordered_set<std::string> topics_exist_;
+    // Topics the brokers said exist (topic_known_, by index into topics_:
+    // for the producer's life) and those they said do not (in this batch);
+    // when they could not say, no topic is asked about until then.  A
+    // record for a topic that does not exist would wait in librdkafka up to
+    // topic.metadata.propagation.max.ms (auto-create off), past a
+    // transaction's timeout and holding the relay's in-flight room: it is
+    // refused at once instead.
+    std::vector<char> topic_known_;
     std::unordered_set<std::string> topics_absent_;
-    bool topic_exists(std::string_view name, rd_kafka_topic_s *rkt);
+    std::chrono::steady_clock::time_point metadata_unsure_until_{};
+    bool topic_exists(std::size_t index, rd_kafka_topic_s *rkt);
     std::string progress_error_;        // the progress record's delivery error
     bool progress_produced_ = false;    // this transaction has a progress record
     bool progress_acked_ = false;       // acknowledged with an offset

@@ -7,23 +7,38 @@ namespace outbox::sql::relay {
 
 // A pending row the claim may take when messages wait for a retry: it is
 // not waiting itself (or its retry is due), and no earlier message of its
-// key waits (a refused message holds its key's later ones back, in order,
-// until it goes through or is parked).  One probe of the small
-// ix_outbox_message_waiting per row, and only while something waits.
+// topic and key waits (a refused message holds its key's later ones on its
+// topic back, in order, until it goes through or is parked; the same key on
+// another topic is another order, and a keyless row, key NULL, is held by
+// nothing).  One probe of the small ix_outbox_message_waiting per row, and
+// only while something waits.
 #define OUTBOX_CLAIMABLE                                                                 \
     "(m.next_attempt_at IS NULL OR m.next_attempt_at <= pg_catalog.now())"               \
     " AND NOT EXISTS (SELECT FROM outbox.outbox_message w WHERE w.key = m.key"           \
+    " AND w.topic = m.topic"                                                             \
     " AND w.id < m.id AND w.published_at IS NULL AND w.next_attempt_at > pg_catalog.now())"
+
+// A key's order is per topic: the relay lists the (topic, key) pairs with
+// records in flight as "topic key" (a topic name has no space: Kafka's
+// names are [a-zA-Z0-9._-], and outbox.write() refuses others), and the
+// claim skips a row whose pair is listed.  Keyless rows are never skipped.
+#define OUTBOX_NOT_IN_FLIGHT                                                             \
+    " AND (key IS NULL OR (topic || ' ' || key) NOT IN (SELECT pg_catalog.unnest($2)))"
+
+// Each key goes through one worker of the share ($4 of $3) whatever its
+// topic; keyless rows are spread by id.
+#define OUTBOX_IN_SHARE                                                                  \
+    " AND (COALESCE(pg_catalog.hashtext(key) & 2147483647, id)) % $3 = $4"
 
 // The claim: pending rows in id order from the worker's low-water mark $5
 // (below it everything is published, parked or waiting: the dead index
 // entries left there are never walked again), skipping rows another
-// transaction holds, parked rows, keys that still have records in flight
-// ($2: a key's next record waits for the one before it; NOT IN a subquery
-// hashes them once, where <> ALL would compare each row with every key),
-// keys outside this worker's share ($4 of $3: each key always goes through
-// the same worker, so its records stay in order), and, unless $6 says
-// nothing waits, rows
+// transaction holds, parked rows, (topic, key) pairs that still have
+// records in flight ($2: a key's next record waits for the one before it;
+// NOT IN a subquery hashes them once, where <> ALL would compare each row
+// with every key), keys outside this worker's share ($4 of $3: each key
+// always goes through the same worker, so its records stay in order), and,
+// unless $6 says nothing waits, rows
 // that wait for a retry or behind one (OUTBOX_CLAIMABLE).  The payload
 // comes as jsonb: the relay renders it within a byte budget.
 // specs/relay_claim.spec runs this exact text.
@@ -32,8 +47,8 @@ inline constexpr const char kClaim[] =
     " is_binary, key_bytes, value, kafka_partition"
     " FROM outbox.outbox_message m"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5"
-    " AND key NOT IN (SELECT pg_catalog.unnest($2))"
-    " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
+    OUTBOX_NOT_IN_FLIGHT
+    OUTBOX_IN_SHARE
     " AND ($6 OR " OUTBOX_CLAIMABLE ")"
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
@@ -45,7 +60,7 @@ inline constexpr const char kClaimBefore13[] =
     " is_binary, key_bytes, value, kafka_partition"
     " FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5"
-    " AND key NOT IN (SELECT pg_catalog.unnest($2))"
+    " AND (topic || ' ' || key) NOT IN (SELECT pg_catalog.unnest($2))"
     " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";
@@ -57,7 +72,7 @@ inline constexpr const char kClaimBefore12[] =
     " false, NULL::bytea, NULL::bytea, NULL::integer"
     " FROM outbox.outbox_message"
     " WHERE published_at IS NULL AND parked_at IS NULL AND id >= $5"
-    " AND key NOT IN (SELECT pg_catalog.unnest($2))"
+    " AND (topic || ' ' || key) NOT IN (SELECT pg_catalog.unnest($2))"
     " AND (pg_catalog.hashtext(key) & 2147483647) % $3 = $4"
     " ORDER BY id LIMIT $1"
     " FOR UPDATE SKIP LOCKED";

@@ -11,7 +11,8 @@ extern "C" {
 struct OutboxNewMessage {
     const pg_uuid_t *message_id;
     Datum topic;    // text
-    Datum key;      // text: the key column (orders the key's messages)
+    Datum key;      // text: the key column (orders the key's messages on its topic)
+    bool keyless;   // write_bytes() without a key: the key column is NULL (schema 1.6)
     Datum payload;  // jsonb
     Datum headers;  // jsonb
     bool has_partition;
