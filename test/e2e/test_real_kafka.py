@@ -376,7 +376,7 @@ class UnknownTopicTest(RealKafkaTest):
         conn = self.pg.connect()
         conn.autocommit = True
         cur = conn.cursor()
-        cur.execute("SELECT count(outbox.write('rk.nowhere', 'k' || (g % 50), jsonb_build_object('g', g)))"
+        cur.execute("SELECT count(outbox.write('rk.nowhere', 'k' || g, jsonb_build_object('g', g)))"
                     " FROM generate_series(1, 20000) g")
         ids = []
         for i in range(30):
@@ -393,13 +393,13 @@ class UnknownTopicTest(RealKafkaTest):
         p50, p99 = waits[len(waits) // 2], waits[min(len(waits) - 1, int(len(waits) * 0.99))]
         refused = self.pg.scalar("SELECT count(*) FROM outbox.outbox_message WHERE topic = 'rk.nowhere'"
                                  " AND attempts > 0")
-        error = self.pg.scalar("SELECT last_error FROM outbox.outbox_message WHERE topic = 'rk.nowhere'"
-                               " AND attempts > 0 LIMIT 1")
+        error = self.pg.scalar("SELECT max(last_error) FROM outbox.outbox_message WHERE topic = 'rk.nowhere'"
+                               " AND attempts > 0")
         print(f"\n[real kafka] unknown topic beside another role: its wait p50 {p50 * 1000:.0f} ms, "
               f"p99 {p99 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms; rows of the unknown topic "
               f"refused {refused} of 20000: {error!r}", file=sys.stderr, flush=True)
         self.assertLessEqual(p99, 2.0)
-        self.assertRegex(error, "(?i)unknown topic")
+        self.assertRegex(error or "", "(?i)unknown topic")
         result = verify(KAFKA.dump(victim), committed_rows(self.pg, victim))
         RESULTS.append(("5b_unknown_topic_beside_another_role", result["written"], result["delivered"],
                         result["lost"], result["duplicates"], result["order_violations"], 0))
