@@ -127,7 +127,9 @@ BEGIN
     END IF;
     UPDATE outbox.outbox_message m
        SET published_at = NULL, published_partition = NULL, published_offset = NULL,
-           attempts = 0, last_error = NULL, next_attempt_at = NULL
+           attempts = 0, last_error = NULL, next_attempt_at = NULL,
+           -- a keyless record of before 1.6 kept key '': none orders it now
+           key = CASE WHEN m.is_binary AND m.key_bytes IS NULL THEN NULL ELSE m.key END
      WHERE m.published_at IS NOT NULL
        AND m.created_at >= replay.since AND m.created_at < replay.until
        AND (replay.topic IS NULL OR m.topic = replay.topic);
@@ -169,3 +171,8 @@ $$;
 ALTER TABLE outbox.outbox_message ALTER COLUMN key DROP NOT NULL;
 UPDATE outbox.outbox_message SET key = NULL
  WHERE published_at IS NULL AND is_binary AND key_bytes IS NULL AND key = '';
+-- The waiting rows hold back their key on their topic only: the index that
+-- finds them has the topic too (a small index: only rows that wait).
+DROP INDEX outbox.ix_outbox_message_waiting;
+CREATE INDEX ix_outbox_message_waiting ON outbox.outbox_message (key, topic, id)
+    WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;

@@ -105,9 +105,11 @@ CREATE INDEX ix_outbox_message_unpublished ON outbox.outbox_message (id)
     WHERE published_at IS NULL;
 
 -- The few messages waiting for a retry after Kafka refused them: the
--- relay finds the keys they hold back, and when the next one is due,
--- without walking the pending rows.
-CREATE INDEX ix_outbox_message_waiting ON outbox.outbox_message (key, id)
+-- relay finds the (key, topic) pairs they hold back, and when the next one
+-- is due, without walking the pending rows.  The topic is in the index: a
+-- role's waiting rows of a key on its topic cost nothing to another topic's
+-- rows of that key.
+CREATE INDEX ix_outbox_message_waiting ON outbox.outbox_message (key, topic, id)
     WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
 CREATE INDEX ix_outbox_message_retry_at ON outbox.outbox_message (next_attempt_at)
     WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
@@ -504,7 +506,9 @@ BEGIN
     END IF;
     UPDATE outbox.outbox_message m
        SET published_at = NULL, published_partition = NULL, published_offset = NULL,
-           attempts = 0, last_error = NULL, next_attempt_at = NULL
+           attempts = 0, last_error = NULL, next_attempt_at = NULL,
+           -- a keyless record of before 1.6 kept key '': none orders it now
+           key = CASE WHEN m.is_binary AND m.key_bytes IS NULL THEN NULL ELSE m.key END
      WHERE m.published_at IS NOT NULL
        AND m.created_at >= replay.since AND m.created_at < replay.until
        AND (replay.topic IS NULL OR m.topic = replay.topic);

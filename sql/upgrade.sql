@@ -75,11 +75,18 @@ DROP FUNCTION public.regress_gone(outbox.inbox_message);
 -- A record without a key under 1.5 stored key '' (which held every keyless
 -- record back behind each other): pending, it is NULL after the update.
 SELECT outbox.write_bytes('order.events', NULL, '\x0a') IS NOT NULL AS keyless_under_15;
+SELECT outbox.write_bytes('order.events', NULL, '\x0b') IS NOT NULL AS keyless_published_under_15;
+UPDATE outbox.outbox_message SET published_at = now() WHERE value = '\x0b';
 SELECT key = '' AS empty_key FROM outbox.outbox_message WHERE value = '\x0a';
 
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 SELECT key IS NULL AS keyless_now_null FROM outbox.outbox_message WHERE value = '\x0a';
+-- A published one keeps '' (the update touches no published row) until a
+-- replay sends it again: then it is keyless, key NULL, as a new one.
+SELECT key = '' AS published_keeps_empty FROM outbox.outbox_message WHERE value = '\x0b';
+SELECT outbox.replay(now() - interval '1 hour', now() + interval '1 hour', 'order.events') > 0 AS replayed;
+SELECT key IS NULL AS replayed_keyless_null FROM outbox.outbox_message WHERE value = '\x0b';
 SELECT topic, CASE WHEN handler LIKE 'outbox."dropped handler %"()' THEN 'outbox."dropped handler <oid>"()'
                    ELSE handler END AS handler,
        to_regprocedure(handler) IS NOT NULL AS resolves, pg_typeof(handler) AS stored_as

@@ -123,14 +123,19 @@ Producer::~Producer() {
 rd_kafka_topic_s *Producer::topic_handle(std::string_view name) {
     if (last_topic_ < topics_.size() && topics_[last_topic_].first == name)
         return topics_[last_topic_].second;
-    for (std::size_t i = 0; i < topics_.size(); ++i)
-        if (topics_[i].first == name) {
-            last_topic_ = i;
-            return topics_[i].second;
-        }
     std::string owned(name);
+    auto at = topic_index_.find(owned);
+    if (at != topic_index_.end()) {
+        last_topic_ = at->second;
+        return topics_[at->second].second;
+    }
+    // Room first: the three stay the same length whatever throws.
+    topics_.reserve(topics_.size() + 1);
+    topic_known_.reserve(topics_.size() + 1);
+    topic_index_.reserve(topics_.size() + 1);
     rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk_, owned.c_str(), nullptr);
     if (!rkt) return nullptr;
+    topic_index_.emplace(owned, topics_.size());
     topics_.emplace_back(std::move(owned), rkt);
     topic_known_.push_back(0);
     last_topic_ = topics_.size() - 1;
@@ -264,7 +269,7 @@ void Producer::produce_one(const Record &r) {
     if (refusals_ && !refusals_->empty()) {
         std::string remembered;
         if (refusals_->refused(std::string_view(r.topic, r.topic_len), r.key != nullptr,
-                               (r.value ? r.value_len : 0) + (r.key ? r.key_len : 0),
+                               (r.value ? r.value_len : 0) + (r.key ? r.key_len : 0) + r.headers_len,
                                remembered)) {
             rd_kafka_headers_destroy(hdrs);
             fail(r.id, std::move(remembered), true);
@@ -335,6 +340,7 @@ void Producer::produce_one(const Record &r) {
 bool Producer::topic_exists(std::size_t index, rd_kafka_topic_s *rkt) {
     const std::string &key = topics_[index].first;
     if (topics_absent_.count(key)) return false;
+    if (topics_asked_.count(key)) return true;  // asked this batch, no clear answer
     // When the brokers cannot say (an outage, or they did not answer in
     // time), the record goes, librdkafka keeps it until they can, and the
     // cluster is not asked about this topic again for a while: an outage
@@ -354,12 +360,16 @@ bool Producer::topic_exists(std::size_t index, rd_kafka_topic_s *rkt) {
     rd_kafka_metadata_destroy(md);
     if (exists) topic_known_[index] = 1;
     if (absent) topics_absent_.insert(key);
+    // Neither (not authorised to describe it, no leader yet): the record
+    // goes and Kafka answers for it; asked again next batch, not per record.
+    if (!exists && !absent) topics_asked_.insert(key);
     return !absent;
 }
 
 void Producer::produce(const Record *records, std::size_t n) noexcept {
     try {
         topics_absent_.clear();  // asked again each batch: a topic may be made meanwhile
+        topics_asked_.clear();
         // Acks not yet taken belong to the batch before: they are late now.
         acked_late_.append(acked_);
         acked_.clear();
@@ -605,18 +615,53 @@ void Producer::logged(int level, const char *fac, const char *buf) {
     txn_refused_topics_.emplace(std::string(at, static_cast<std::size_t>(end - at)), why);
 }
 
+namespace {
+// A record's size as Kafka counts it against max.message.bytes, near
+// enough: key, value and headers.
+std::size_t record_bytes(const rd_kafka_message_t *msg) {
+    std::size_t n = msg->len + msg->key_len;
+    rd_kafka_headers_t *hdrs = nullptr;
+    if (rd_kafka_message_headers(msg, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR || !hdrs) return n;
+    const char *name = nullptr;
+    const void *value = nullptr;
+    std::size_t size = 0;
+    for (std::size_t i = 0;
+         rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
+        n += strlen(name) + size;
+    return n;
+}
+}  // namespace
+
 // A record Kafka refused in a transaction: what of its topic it will
-// refuse again (TopicRefusals::Scope).
+// refuse again (TopicRefusals::Scope), when the refusal says so of more
+// than this record: the whole topic (not authorised, unknown), records at
+// least as large, records without a key.  Any other refusal (a keyed
+// record Kafka found invalid, say: a broker's schema validation) is this
+// record's alone: remembering it would charge other roles' records of a
+// shared topic.  At-least-once: a refused record costs only itself, and
+// only a topic found absent is remembered (topic_exists()).
 void Producer::remember_refusal(const rd_kafka_message_t *msg, const std::string &text) {
     if (transactional_) ++txn_dr_failures_;
-    if (!refusals_ || !is_permanent_error(msg->err) || !msg->rkt) return;
-    TopicRefusals::Scope scope = TopicRefusals::Scope::Topic;
-    if (msg->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
-        msg->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)
-        scope = TopicRefusals::Scope::Size;
-    else if (msg->err == RD_KAFKA_RESP_ERR_INVALID_RECORD && !msg->key)
-        scope = TopicRefusals::Scope::Keyless;
-    refusals_->note(rd_kafka_topic_name(msg->rkt), scope, msg->len + msg->key_len, text);
+    if (!transactional_ || !refusals_ || !is_permanent_error(msg->err) || !msg->rkt) return;
+    TopicRefusals::Scope scope;
+    switch (msg->err) {
+        case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+        case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+            scope = TopicRefusals::Scope::Size;
+            break;
+        case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+            if (msg->key) return;
+            scope = TopicRefusals::Scope::Keyless;
+            break;
+        case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+        case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+        case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+            scope = TopicRefusals::Scope::Topic;
+            break;
+        default:
+            return;
+    }
+    refusals_->note(rd_kafka_topic_name(msg->rkt), scope, record_bytes(msg), text);
 }
 
 void Producer::charge_failed_transaction(int code, const std::string &error) {

@@ -351,6 +351,37 @@ TEST(Producer, AnUnknownTopicFailsAtOnceAndIsRemembered) {
     EXPECT_EQ(acked(*p), (std::set<int64_t>{6}));
 }
 
+// At-least-once: a record Kafka refuses costs only itself.  Nothing of it
+// is remembered for its topic (a shared topic's other records, other
+// roles', would be charged with it); only a topic found absent is.
+TEST(Producer, AtLeastOnceRemembersNoRecordsRefusal) {
+    MockCluster cluster;
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    outbox::kafka::TopicRefusals memory;
+    p->set_refusals(&memory);
+    Row warm = row(1, "warm");
+    Record wrec = warm.record();
+    p->produce(&wrec, 1);
+    wait_all(*p);
+    p->clear_resolved();
+    rd_kafka_mock_push_request_errors(cluster.mc, 0 /* Produce */, 1, RD_KAFKA_RESP_ERR_INVALID_RECORD);
+    Row bad = row(2, "a");
+    Record brec = bad.record();
+    p->produce(&brec, 1);
+    wait_all(*p);
+    ASSERT_EQ(p->failed_count(), 1u);
+    EXPECT_TRUE(p->failed_permanent(0));
+    p->clear_resolved();
+    std::vector<Row> next = {row(3, "b"), row(4, "c")};
+    auto recs = records_of(next);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    EXPECT_EQ(p->failed_count(), 0u) << p->failed_error(0);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{3, 4}));
+    EXPECT_TRUE(memory.empty());
+}
+
 TEST(Producer, OversizedRecordFailsAtOnceAndHoldsItsKey) {
     MockCluster cluster;
     Pipe pipe;

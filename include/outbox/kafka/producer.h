@@ -228,6 +228,7 @@ private:
     rd_kafka_queue_s *main_queue_ = nullptr;
     std::vector<Property> secrets_;
     std::vector<std::pair<std::string, rd_kafka_topic_s *>> topics_;
+    std::unordered_map<std::string, std::size_t> topic_index_;  // name -> index into topics_
     std::size_t last_topic_ = 0;
 
     // Records in flight, batch by batch.  A record's librdkafka opaque is
@@ -331,6 +332,7 @@ private:
     // refused at once instead.
     std::vector<char> topic_known_;
     std::unordered_set<std::string> topics_absent_;
+    std::unordered_set<std::string> topics_asked_;  // this batch, no clear answer
     std::chrono::steady_clock::time_point metadata_unsure_until_{};
     bool topic_exists(std::size_t index, rd_kafka_topic_s *rkt);
     std::string progress_error_;        // the progress record's delivery error
