@@ -269,7 +269,8 @@ void Producer::produce_one(const Record &r) {
     if (refusals_ && !refusals_->empty()) {
         std::string remembered;
         if (refusals_->refused(std::string_view(r.topic, r.topic_len), r.key != nullptr,
-                               (r.value ? r.value_len : 0) + (r.key ? r.key_len : 0) + r.headers_len,
+                               (r.value ? r.value_len : 0) + (r.key ? r.key_len : 0) +
+                                   (r.headers_len > 2 ? r.headers_len : 0),
                                remembered)) {
             rd_kafka_headers_destroy(hdrs);
             fail(r.id, std::move(remembered), true);
@@ -616,8 +617,10 @@ void Producer::logged(int level, const char *fac, const char *buf) {
 }
 
 namespace {
-// A record's size as Kafka counts it against max.message.bytes, near
-// enough: key, value and headers.
+// A record's size for the refusal memory: key, value and the row's own
+// headers (not the event_id the relay adds), measured as produce_one()
+// measures a row (its headers as JSON text, at least their bytes), so that
+// a record as large as a refused one is refused from memory too.
 std::size_t record_bytes(const rd_kafka_message_t *msg) {
     std::size_t n = msg->len + msg->key_len;
     rd_kafka_headers_t *hdrs = nullptr;
@@ -627,7 +630,7 @@ std::size_t record_bytes(const rd_kafka_message_t *msg) {
     std::size_t size = 0;
     for (std::size_t i = 0;
          rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i)
-        n += strlen(name) + size;
+        if (strcmp(name, "event_id") != 0) n += strlen(name) + size;
     return n;
 }
 }  // namespace
