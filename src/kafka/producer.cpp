@@ -123,8 +123,17 @@ Producer::~Producer() {
 rd_kafka_topic_s *Producer::topic_handle(std::string_view name) {
     if (last_topic_ < topics_.size() && topics_[last_topic_].first == name)
         return topics_[last_topic_].second;
+    // A few topics (the usual case): compared in place, no allocation on
+    // the relay's hot path; many (one per role, or an attacker's): the map.
+    if (topics_.size() <= 16) {
+        for (std::size_t i = 0; i < topics_.size(); ++i)
+            if (topics_[i].first == name) {
+                last_topic_ = i;
+                return topics_[i].second;
+            }
+    }
     std::string owned(name);
-    auto at = topic_index_.find(owned);
+    auto at = topics_.size() > 16 ? topic_index_.find(owned) : topic_index_.end();
     if (at != topic_index_.end()) {
         last_topic_ = at->second;
         return topics_[at->second].second;
