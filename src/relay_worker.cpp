@@ -264,7 +264,7 @@ int txn_produce(RelayState *r, const outbox::kafka::Record *records, std::size_t
             report_error(err, errlen, error);
             return -1;
         }
-        p->produce(records, n);
+        p->produce(records, n, outbox::policy::metadata_wait_ms(outbox_batch_timeout_ms));
         if (p->transaction_ids().empty()) return 1;
         return produce_progress(r, topic, seq, err, errlen) ? 0 : -1;
     } catch (const std::exception &e) {
@@ -1001,9 +1001,12 @@ int run_batch(OutboxWorker *w) {
     if (claim.n > 0 && !held && r->eos) {
         acked += publish_transaction(w, &claim);
     } else if (claim.n > 0 && !held) {
-        p->produce(claim.records, static_cast<std::size_t>(claim.n));
-        acked += await_deliveries(
-            w, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms), &claim);
+        // One deadline for the batch: asking about new topics spends of it.
+        TimestampTz deadline =
+            TimestampTzPlusMilliseconds(GetCurrentTimestamp(), outbox_batch_timeout_ms);
+        p->produce(claim.records, static_cast<std::size_t>(claim.n),
+                   outbox::policy::metadata_wait_ms(outbox_batch_timeout_ms));
+        acked += await_deliveries(w, deadline, &claim);
     }
     acked += record_outcomes(w, &claim);
     outbox_low_water_end_turn(&r->mark, w->schema, r->waiting);

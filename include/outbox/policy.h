@@ -57,6 +57,15 @@ inline constexpr std::size_t kMarkChunk = 200;
 
 // Most bytes of values (payloads) one claim renders; the first row always
 // goes, however large.
+// A batch asks the cluster whether topics it has not seen yet exist for at
+// most half of outbox.batch_timeout, and never more than this: the rest is
+// the wait for acknowledgements, and the transaction never outlives the
+// timeout because a broker went away before librdkafka noticed.
+inline constexpr int kMetadataWaitMaxMs = 5000;
+inline int metadata_wait_ms(int batch_timeout_ms) {
+    return batch_timeout_ms / 2 < kMetadataWaitMaxMs ? batch_timeout_ms / 2 : kMetadataWaitMaxMs;
+}
+
 inline constexpr int64_t kBatchByteBudget = 32 * 1024 * 1024;
 
 // A failed inbox handler call is retried after this many seconds, doubling

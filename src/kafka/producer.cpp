@@ -357,8 +357,16 @@ bool Producer::topic_exists(std::size_t index, rd_kafka_topic_s *rkt) {
     // never costs a metadata wait per batch.
     auto now = std::chrono::steady_clock::now();
     if (state_ == BrokerState::Down || now < metadata_unsure_until_) return true;
+    // The batch's wait is bounded (produce()): a broker that went away an
+    // instant ago, before librdkafka says all are down, costs that bound at
+    // most, never a transaction held past outbox.batch_timeout.
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(metadata_deadline_ - now).count();
+    if (left <= 0) {  // asked again next batch
+        topics_asked_.insert(key);
+        return true;
+    }
     const rd_kafka_metadata_t *md = nullptr;
-    if (rd_kafka_metadata(rk_, 0, rkt, &md, 5000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    if (rd_kafka_metadata(rk_, 0, rkt, &md, static_cast<int>(left)) != RD_KAFKA_RESP_ERR_NO_ERROR) {
         // One wait per 30 s at most, whatever the number of new topics.
         metadata_unsure_until_ = now + std::chrono::seconds(30);
         return true;
@@ -376,8 +384,10 @@ bool Producer::topic_exists(std::size_t index, rd_kafka_topic_s *rkt) {
     return !absent;
 }
 
-void Producer::produce(const Record *records, std::size_t n) noexcept {
+void Producer::produce(const Record *records, std::size_t n, int metadata_wait_ms) noexcept {
     try {
+        metadata_deadline_ =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, metadata_wait_ms));
         topics_absent_.clear();  // asked again each batch: a topic may be made meanwhile
         topics_asked_.clear();
         // Acks not yet taken belong to the batch before: they are late now.

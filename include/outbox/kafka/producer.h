@@ -80,7 +80,12 @@ public:
     Producer(const Producer &) = delete;
     Producer &operator=(const Producer &) = delete;
 
-    // Enqueues a batch, in order, without ever waiting.  The caller must not
+    // Enqueues a batch, in order.  It waits only to ask the cluster whether
+    // a topic it has not seen yet exists, at most `metadata_wait_ms` in all
+    // for the batch (the relay gives it a share of outbox.batch_timeout, so
+    // that a batch never holds its transaction longer); a topic the cluster
+    // did not answer for in time goes to librdkafka as any other, and is not
+    // asked about again for 30 s.  The caller must not
     // pass a record whose key is in flight (see in_flight_key()): a key has
     // records of one batch at a time in librdkafka.  A record librdkafka
     // refuses at once (too large, bad headers, unknown topic) is a failure
@@ -88,7 +93,7 @@ public:
     // held back: neither produced nor failed, it stays pending so that the
     // key's order is kept.  When librdkafka's queue is full, that record and
     // the rest of the batch are held back the same way.
-    void produce(const Record *records, std::size_t n) noexcept;
+    void produce(const Record *records, std::size_t n, int metadata_wait_ms = 5000) noexcept;
 
     // Serves delivery reports, logs and errors that have arrived.  Never blocks.
     void poll() noexcept;
@@ -334,6 +339,7 @@ private:
     std::unordered_set<std::string> topics_absent_;
     std::unordered_set<std::string> topics_asked_;  // this batch, no clear answer
     std::chrono::steady_clock::time_point metadata_unsure_until_{};
+    std::chrono::steady_clock::time_point metadata_deadline_{};  // this batch's asks end by then
     bool topic_exists(std::size_t index, rd_kafka_topic_s *rkt);
     std::string progress_error_;        // the progress record's delivery error
     bool progress_produced_ = false;    // this transaction has a progress record
