@@ -68,7 +68,7 @@ suites=${OUTBOX_E2E:-$(cd test/e2e && ls test_*.py | sed 's/\.py$//' | tr '\n' '
 for suite in $suites; do
   step "end-to-end: $suite"
   [ -f "test/e2e/$suite.py" ] || { echo "no end-to-end suite test/e2e/$suite.py" >&2; exit 1; }
-  /usr/bin/python3 -m unittest discover -s test/e2e -p "$suite.py" -v
+  /usr/bin/python3 test/e2e/run_suite.py "$suite"
 done
 
 if [ -z "${OUTBOX_E2E:-}" ]; then

@@ -351,6 +351,30 @@ TEST(Producer, AnUnknownTopicFailsAtOnceAndIsRemembered) {
     EXPECT_EQ(acked(*p), (std::set<int64_t>{6}));
 }
 
+// The question "does this topic exist?" spends of the batch's time
+// (produce()'s metadata_wait_ms, a share of outbox.batch_timeout): with none
+// left, the record goes to librdkafka unasked, as any other, instead of
+// waiting inside the relay's transaction; the next batch asks.
+TEST(Producer, AskingAboutATopicNeverOutlastsTheBatchsTime) {
+    MockCluster cluster;
+    rd_kafka_mock_topic_set_error(cluster.mc, "absent", RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+    Pipe pipe;
+    auto p = make_producer(cluster, pipe.fd[1]);
+    std::vector<Row> rows = {row(1, "a", "{}", "absent"), row(2, "a")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size(), 0);
+    EXPECT_EQ(p->failed_count(), 0u) << "not asked, so not refused at once";
+    EXPECT_EQ(p->in_flight(), 2u);
+    p->clear_resolved();
+
+    std::vector<Row> again = {row(3, "b", "{}", "absent")};
+    auto recs2 = records_of(again);
+    p->produce(recs2.data(), recs2.size());
+    ASSERT_EQ(p->failed_count(), 1u) << "asked with time to answer";
+    EXPECT_EQ(p->failed_ids()[0], 3);
+    EXPECT_TRUE(p->failed_permanent(0));
+}
+
 // At-least-once: a record Kafka refuses costs only itself.  Nothing of it
 // is remembered for its topic (a shared topic's other records, other
 // roles', would be charged with it); only a topic found absent is.
