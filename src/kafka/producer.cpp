@@ -415,7 +415,7 @@ void Producer::produce(const Record *records, std::size_t n, int metadata_wait_m
 
 void Producer::poll() noexcept {
     try {
-        rd_kafka_poll(rk_, 0);
+        serve(0);
     } catch (...) {
         // Callbacks only append to vectors; nothing to undo.
     }
@@ -433,11 +433,11 @@ void Producer::clear_resolved() noexcept {
 
 void Producer::shutdown(int timeout_ms) noexcept {
     try {
-        if (in_flight_ > 0) rd_kafka_flush(rk_, timeout_ms);
-        rd_kafka_poll(rk_, 0);
+        if (in_flight_ > 0) serve_flush(timeout_ms);
+        serve(0);
         if (in_flight_ > 0) {
             rd_kafka_purge(rk_, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-            rd_kafka_poll(rk_, 0);  // purged records report __PURGE_*: ignored below
+            serve(0);  // purged records report __PURGE_*: ignored below
         }
         batches_.clear();  // whatever was not reported is abandoned
         key_snapshot_.clear();
@@ -467,6 +467,8 @@ bool has_offset(const rd_kafka_message_t *msg) {
 constexpr const char kNoOffset[] =
     "Kafka's client reported the record delivered without an offset (an implicit "
     "acknowledgement): not counted as delivered, sent again";
+std::size_t record_bytes(const rd_kafka_message_t *msg);  // below
+
 constexpr const char kAfterNoOffset[] =
     "an earlier record of its key was reported delivered without an offset: sent again after it";
 }  // namespace
@@ -570,8 +572,56 @@ void Producer::outcome(const rd_kafka_message_t *msg, Batch *batch, const Slot *
         log_.add(LogLevel::Warning, "delivery failed: " + text);
         last_logged_delivery_error_ = text;
     }
+    if (msg->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+        msg->err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE) {
+        if (transactional_) ++txn_dr_failures_;
+        size_refused_.push_back(SizeRefused{id, msg->rkt ? rd_kafka_topic_name(msg->rkt) : "",
+                                            msg->partition, record_bytes(msg), std::move(text)});
+        return;  // settle_size_refusals(), once the poll ends
+    }
     remember_refusal(msg, text);
     fail(id, std::move(text), is_permanent_error(msg->err));
+}
+
+void Producer::serve(int timeout_ms) {
+    rd_kafka_poll(rk_, timeout_ms);
+    settle_size_refusals();
+}
+
+void Producer::serve_flush(int timeout_ms) {
+    rd_kafka_flush(rk_, timeout_ms);
+    settle_size_refusals();
+}
+
+void Producer::settle_size_refusals() {
+    if (size_refused_.empty()) return;
+    std::vector<char> done(size_refused_.size(), 0);
+    for (std::size_t i = 0; i < size_refused_.size(); ++i) {
+        if (done[i]) continue;
+        const SizeRefused &first = size_refused_[i];
+        std::size_t largest = i, mates = 0;
+        for (std::size_t j = i; j < size_refused_.size(); ++j) {
+            const SizeRefused &r = size_refused_[j];
+            if (done[j] || r.partition != first.partition || r.topic != first.topic) continue;
+            ++mates;
+            if (r.bytes > size_refused_[largest].bytes) largest = j;
+        }
+        for (std::size_t j = i; j < size_refused_.size(); ++j) {
+            SizeRefused &r = size_refused_[j];
+            if (done[j] || r.partition != first.partition || r.topic != first.topic) continue;
+            done[j] = 1;
+            if (j == largest) {
+                if (transactional_ && refusals_ && !r.topic.empty())
+                    refusals_->note(r.topic, TopicRefusals::Scope::Size, r.bytes, r.text);
+                fail(r.id, std::move(r.text), true);
+            } else {
+                fail(r.id, r.text + "; refused with a larger record of its request (" +
+                               std::to_string(mates) + " together): sent again without it",
+                     false);
+            }
+        }
+    }
+    size_refused_.clear();
 }
 
 void Producer::on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
@@ -758,7 +808,7 @@ bool Producer::init_transactions(int timeout_ms, std::string &error, bool &fence
         // still holds: a producer that took the id since fences our commit.
         if (registered_) return true;
         rd_kafka_error_t *e = rd_kafka_init_transactions(rk_, timeout_ms);
-        rd_kafka_poll(rk_, 0);
+        serve(0);
         if (!e) {
             registered_ = true;
             return true;
@@ -850,9 +900,9 @@ bool Producer::await_transaction(int timeout_ms, std::string &error) noexcept {
                             deadline - std::chrono::steady_clock::now())
                             .count();
             if (left <= 0) break;
-            rd_kafka_flush(rk_, static_cast<int>(std::min<long long>(left, 50)));
+            serve_flush(static_cast<int>(std::min<long long>(left, 50)));
         }
-        rd_kafka_poll(rk_, 0);
+        serve(0);
         awaited_timed_out_ = false;
         if (!progress_error_.empty()) {
             error = progress_error_;
@@ -917,7 +967,7 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
         if (!txn_ids_.empty() && !await_transaction(timeout_ms, error))
             return abort_unacknowledged(timeout_ms, error);
         rd_kafka_error_t *e = rd_kafka_commit_transaction(rk_, timeout_ms);
-        rd_kafka_poll(rk_, 0);
+        serve(0);
         if (!e) {
             // Every record of it is in Kafka: the acknowledged list holds
             // exactly its records, each with its offset.
@@ -959,7 +1009,7 @@ TxnOutcome Producer::commit_transaction(int timeout_ms, std::string &error) noex
 TxnOutcome Producer::abort_transaction(int timeout_ms, std::string &error) noexcept {
     try {
         rd_kafka_error_t *e = rd_kafka_abort_transaction(rk_, timeout_ms);
-        rd_kafka_poll(rk_, 0);
+        serve(0);
         acked_.clear();
         end_transaction_bookkeeping();
         if (!e) return TxnOutcome::Aborted;

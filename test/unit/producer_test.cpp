@@ -375,6 +375,44 @@ TEST(Producer, AskingAboutATopicNeverOutlastsTheBatchsTime) {
     EXPECT_TRUE(p->failed_permanent(0));
 }
 
+// Kafka refuses a record batch whole when it is over the topic's
+// max.message.bytes: every record of the request is reported
+// MSG_SIZE_TOO_LARGE.  Only the largest is refused; its batch-mates (other
+// keys, other roles' messages on a shared topic) fail for a passing reason,
+// are never parked for it, and go again without it.
+TEST(Producer, ATooLargeRecordsBatchMatesAreNotChargedWithIt) {
+    MockCluster cluster;
+    rd_kafka_mock_topic_create(cluster.mc, "one", 1, 1);
+    rd_kafka_mock_push_request_errors(cluster.mc, 0 /* Produce */, 1,
+                                      RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+    Pipe pipe;
+    // One request for the three (a linger longer than producing them takes).
+    auto p = make_producer(cluster, pipe.fd[1], "linger.ms=300");
+    Row big = row(2, "big", "{}", "one");
+    big.value = "{\"pad\": \"" + std::string(5000, 'x') + "\"}";
+    std::vector<Row> rows = {row(1, "a", "{}", "one"), big, row(3, "b", "{}", "one")};
+    auto recs = records_of(rows);
+    p->produce(recs.data(), recs.size());
+    wait_all(*p);
+    ASSERT_EQ(p->failed_count(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+        std::string error = p->failed_error(i);
+        EXPECT_NE(error.find("MSG_SIZE_TOO_LARGE"), std::string::npos) << error;
+        if (p->failed_ids()[i] == 2) {
+            EXPECT_TRUE(p->failed_permanent(i)) << "the largest is refused";
+        } else {
+            EXPECT_FALSE(p->failed_permanent(i)) << "a batch-mate is not: " << error;
+            EXPECT_NE(error.find("sent again without it"), std::string::npos) << error;
+        }
+    }
+    p->clear_resolved();
+    std::vector<Row> mates = {row(1, "a", "{}", "one"), row(3, "b", "{}", "one")};
+    auto recs2 = records_of(mates);
+    p->produce(recs2.data(), recs2.size());
+    wait_all(*p);
+    EXPECT_EQ(acked(*p), (std::set<int64_t>{1, 3}));
+}
+
 // At-least-once: a record Kafka refuses costs only itself.  Nothing of it
 // is remembered for its topic (a shared topic's other records, other
 // roles', would be charged with it); only a topic found absent is.

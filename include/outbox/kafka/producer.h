@@ -325,6 +325,24 @@ private:
     std::vector<std::string> last_txn_topics_;
     TopicRefusals *refusals_ = nullptr;
     void remember_refusal(const rd_kafka_message_s *msg, const std::string &text);
+    // Kafka refuses a record batch whole when it is larger than the topic
+    // allows (MSG_SIZE_TOO_LARGE): every record of the request is reported
+    // refused, though only the largest may be at fault.  Such reports wait
+    // here until the poll that served them ends (a request's reports come in
+    // one poll); then, per topic and partition, the largest is refused (and,
+    // exactly once, remembered by its size) and the others fail for a
+    // passing reason: they go again, without it, and are never parked for it.
+    struct SizeRefused {
+        int64_t id;
+        std::string topic;
+        int32_t partition;
+        std::size_t bytes;
+        std::string text;
+    };
+    std::vector<SizeRefused> size_refused_;
+    void settle_size_refusals();
+    void serve(int timeout_ms);  // rd_kafka_poll(), then settle_size_refusals()
+    void serve_flush(int timeout_ms);  // rd_kafka_flush(), the same
     // A failed commit: charges what caused it (see set_refusals()).
     void charge_failed_transaction(int code, const std::string &error);
     uint64_t txn_digest_ = 0;           // and what they were
