@@ -21,18 +21,21 @@
 # (18 -> 19) also run test/major-upgrade-test.sh.
 # OUTBOX_TREE_DIR picks where the tree goes; --keep keeps it.  --make-only
 # makes the tree and stops (.ci/run makes both trees while the PostgreSQL 15
-# tier runs); --reuse takes a tree --make-only made, else makes one.  Needs
-# root.
+# tier runs); --reuse takes a tree --make-only made, else makes one.
+# --no-kafka runs all of the above but the suites that start Apache Kafka;
+# --kafka-only runs only those, after a build (.ci/run runs the first beside
+# the 15 tier, the second after it, in one kept tree).  Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 suite=${1:?usage: test/pgtree.sh trixie|sid|experimental [--keep]}
-keep= make_only= reuse=
+keep= make_only= reuse= part=
 for a in "${@:2}"; do
   case $a in
     --keep) keep=--keep ;;
     --make-only) make_only=1 keep=--keep ;;
     --reuse) reuse=1 ;;
+    --no-kafka|--kafka-only) part=$a ;;
     *) echo "pgtree: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
@@ -59,15 +62,30 @@ case $suite in
 esac
 E2E=${OUTBOX_E2E:-$E2E_DEFAULT}
 E2E_SKIP=${OUTBOX_E2E_SKIP-$SKIP_DEFAULT}
+# The suites that start Apache Kafka (a JDK, three broker JVMs).
+KAFKA_SUITES="test_exactly_once test_real_kafka test_ack_truth"
+is_kafka_suite() { [[ " $KAFKA_SUITES " == *" $1 "* ]]; }
+# The tree's packages follow the suites it may run: those picked and the
+# default ones (so that --no-kafka and --kafka-only share one tree).
+all_e2e="$E2E $E2E_DEFAULT"
+# A tier in two passes, so that CI can run the light one beside the 15 tier
+# (.ci/run): --no-kafka runs everything but the suites that start Kafka
+# (build, unit, pg_regress, isolation, the other suites, the package, the
+# moves, the next major); --kafka-only runs those suites alone on the
+# tree's major, after a build of it (no unit, pg_regress, package or move).
+case $part in
+  --no-kafka) kept=; for t in $E2E; do is_kafka_suite "$t" || kept+="$t "; done; E2E=${kept:-none}; E2E=${E2E% } ;;
+  --kafka-only) kept=; for t in $E2E; do is_kafka_suite "$t" && kept+="$t "; done; E2E=${kept% } ;;
+esac
 # 19 in the sid tree: what its server changes (background workers, the
 # walsender and backend-status reads); the rest runs on 18 beside it.
 E2E_NEXT=${OUTBOX_E2E_NEXT:-test_workers test_failover}
 # Suites that start Apache Kafka need a JDK and Maven in the tree (that
 # release's packages); Kafka's jars come from this machine's Maven cache,
 # mounted in the tree (filled from Maven Central when cold).
-need_kafka=
-[[ " $E2E " == *" test_exactly_once "* || " $E2E " == *" test_real_kafka "* ||
-   " $E2E " == *" test_ack_truth "* ]] && need_kafka=1
+need_kafka= run_kafka=
+for t in $all_e2e; do is_kafka_suite "$t" && need_kafka=1; done
+for t in $E2E; do is_kafka_suite "$t" && run_kafka=1; done
 M2=${HOME:-/root}/.m2
 
 next=
@@ -158,7 +176,7 @@ fi
 [ -n "$make_only" ] && exit 0
 mount -t proc proc "$tree/proc"
 mount -t tmpfs -o mode=1777 shm "$tree/dev/shm"
-if [ -n "$need_kafka" ]; then
+if [ -n "$run_kafka" ]; then
   mkdir -p "$M2" "$tree/root/.m2"
   mount --bind "$M2" "$tree/root/.m2"
   # Maven in the tree reaches Maven Central for what the cache lacks.
@@ -180,6 +198,15 @@ in_tree() {  # in_tree <major> <command...>
   chroot "$tree" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     PG_CONFIG="/usr/lib/postgresql/$m/bin/pg_config" OUTBOX_E2E="$E2E" OUTBOX_E2E_SKIP="$E2E_SKIP" "$@"
 }
+if [ "$part" = --kafka-only ]; then
+  if [ -z "$E2E" ]; then
+    say "no suite of this tier starts Kafka: nothing to run"
+    exit 0
+  fi
+  in_tree "$major" env OUTBOX_UNIT=0 OUTBOX_REGRESS=0 OUTBOX_PACKAGE=0 bash /src/test/run-all.sh
+  say "the Kafka suites passed on PostgreSQL $major"
+  exit 0
+fi
 in_tree "$major" bash /src/test/run-all.sh
 if [ -n "$upgrade_from" ]; then
   say "PostgreSQL $upgrade_from -> $major"
