@@ -81,14 +81,15 @@ bool fence_id(RelayState *r, const char *brokers, const char *extra, const char 
     }
 }
 
+// The progress topic's last record of each id starting with `prefix`.
 bool read_progress(RelayState *r, Progress *out, const char *brokers, const char *extra,
-                   const char *client_id, const char *topic, int timeout_ms, char *err,
-                   std::size_t errlen) noexcept {
+                   const char *client_id, const char *topic, const char *prefix, int timeout_ms,
+                   char *err, std::size_t errlen) noexcept {
     try {
         outbox::kafka::ClientSettings c{brokers, std::string(client_id) + "-recovery", extra,
                                         r->link.secrets};
         std::string error;
-        if (outbox::kafka::read_progress(c, topic, r->tid_prefix, timeout_ms, out->last, error))
+        if (outbox::kafka::read_progress(c, topic, prefix, timeout_ms, out->last, error))
             return true;
         return report_error(err, errlen, error);
     } catch (const std::exception &e) {
@@ -373,6 +374,52 @@ int64 eos_settle(OutboxWorker *w, const char *tid, int64 pg_seq) {
     return pg_seq;
 }
 
+// A transactional id of another system identifier whose relay did not stop
+// cleanly: this cluster was made by pg_upgrade from a server that crashed
+// and was started again without its brokers (its relay never settled its
+// last transaction), or restored from a copy of a server that may still
+// run.  It is not fenced (that server may run elsewhere, and a fence would
+// stop it).  When Kafka committed exactly one transaction of it after what
+// this database recorded, with this database's rows of those ids (the
+// progress record's digest), those rows are marked published: under the
+// new ids they would go out twice.  Otherwise nothing is marked.  Either
+// way the id is settled (clean) and not looked at again.  A transaction it
+// left open is not aborted here: Kafka aborts it after its
+// transaction.timeout.ms, and read_committed consumers of its partitions
+// wait until then (docs/operations.md).
+void eos_settle_foreign(OutboxWorker *w, const char *tid, int64 pg_seq) {
+    RelayState *r = state(w);
+    if (!progress_of(&r->progress, tid, &r->txn, r->eos_error, sizeof r->eos_error)) {
+        ereport(WARNING, (errmsg("%s: transactional id %s of another system identifier is not "
+                                 "settled: %s", w->label, tid, r->eos_error)));
+        outbox_txn_set(tid, pg_seq, true);
+        return;
+    }
+    int64 kafka_seq = r->txn.seq;
+    if (kafka_seq == pg_seq + 1 && r->txn.has_digest) {
+        int found = 0;
+        uint64 digest = outbox_txn_rows_digest(r->txn.ids.data(),
+                                               static_cast<int>(r->txn.ids.size()), &found);
+        if (digest == r->txn.digest) {
+            outbox_relay_mark_by_id(r->txn.ids.data(), nullptr, static_cast<int>(r->txn.ids.size()));
+            ereport(LOG, (errmsg("%s: Kafka committed transaction %lld of %s (another system "
+                                 "identifier: a pg_upgrade or a restore), which this database had "
+                                 "not recorded: its %zu messages are marked published",
+                                 w->label, static_cast<long long>(kafka_seq), tid,
+                                 r->txn.ids.size())));
+            outbox_txn_set(tid, kafka_seq, true);
+            return;
+        }
+    }
+    if (kafka_seq > pg_seq)
+        ereport(LOG, (errmsg("%s: Kafka holds transaction %lld of %s (another system identifier), "
+                             "this database recorded %lld with other rows or fewer: that server "
+                             "went on elsewhere; nothing of it is marked here",
+                             w->label, static_cast<long long>(kafka_seq), tid,
+                             static_cast<long long>(pg_seq))));
+    outbox_txn_set(tid, pg_seq, true);
+}
+
 // Marks the rows of the open Kafka transaction's records (claimed by this
 // turn: by ctid) and records it as transaction `seq`.  Returns how many.
 std::size_t mark_transaction(OutboxWorker *w, const OutboxClaim *claim, int64 seq) {
@@ -444,8 +491,15 @@ bool eos_recover(OutboxWorker *w) {
             eos_retry_later(w, "registering the transactional id", err);
         return false;
     }
+    // Ids of another system identifier that did not stop cleanly (this
+    // cluster was made by pg_upgrade, or restored from another server's
+    // copy): their progress is read too (eos_settle_foreign).
+    char **foreign;
+    int64 *foreign_seq;
+    int n_foreign = outbox_txn_lock_foreign(r->tid_prefix.c_str(), &foreign, &foreign_seq);
     if (!read_progress(r, &r->progress, brokers, config, r->tid.c_str(),
-                       outbox_progress_topic ? outbox_progress_topic : "", timeout, err,
+                       outbox_progress_topic ? outbox_progress_topic : "",
+                       n_foreign > 0 ? "pg_outbox-" : r->tid_prefix.c_str(), timeout, err,
                        sizeof err)) {
         outbox_worker_commit(w);
         eos_retry_later(w, "reading the progress", err);
@@ -466,6 +520,7 @@ bool eos_recover(OutboxWorker *w) {
     outbox_txn_set(r->tid.c_str(), next, false);
     for (int i = 0; i < n_stale; i++)
         outbox_txn_set(stale[i], eos_settle(w, stale[i], stale_seq[i]), true);
+    for (int i = 0; i < n_foreign; i++) eos_settle_foreign(w, foreign[i], foreign_seq[i]);
     outbox_worker_commit(w);
     forget_progress(r);
     r->seq = next;

@@ -33,6 +33,13 @@ OutboxQuery stale_query = {
     " AND transactional_id <> ALL ($2) ORDER BY transactional_id FOR UPDATE",
     2, {TEXTOID, TEXTARRAYOID}, SPI_OK_SELECT, nullptr};
 
+OutboxQuery foreign_query = {
+    "finding transactional ids of another system identifier",
+    "SELECT transactional_id, seq FROM outbox.relay_transaction"
+    " WHERE NOT pg_catalog.starts_with(transactional_id, $1) AND NOT clean"
+    " ORDER BY transactional_id FOR UPDATE",
+    1, {TEXTOID}, SPI_OK_SELECT, nullptr};
+
 OutboxQuery rows_query = {
     "reading the rows of a Kafka transaction",
     "SELECT id, message_id::text FROM outbox.outbox_message WHERE id = ANY ($1)",
@@ -71,6 +78,19 @@ int64 outbox_txn_lock(const char *tid, bool *clean) {
 void outbox_txn_set(const char *tid, int64 seq, bool clean) {
     Datum args[3] = {CStringGetTextDatum(tid), Int64GetDatum(seq), BoolGetDatum(clean)};
     outbox_run(&set_query, args, nullptr, 0);
+}
+
+int outbox_txn_lock_foreign(const char *prefix, char ***tids, int64 **seqs) {
+    Datum args[1] = {CStringGetTextDatum(prefix)};
+    int rows = static_cast<int>(outbox_run(&foreign_query, args, nullptr, 0));
+    *tids = static_cast<char **>(palloc(sizeof(char *) * (rows > 0 ? rows : 1)));
+    *seqs = static_cast<int64 *>(palloc(sizeof(int64) * (rows > 0 ? rows : 1)));
+    for (int i = 0; i < rows; i++) {
+        bool isnull;
+        (*tids)[i] = outbox_col_text(static_cast<uint64>(i), 1);
+        (*seqs)[i] = DatumGetInt64(outbox_col(static_cast<uint64>(i), 2, &isnull));
+    }
+    return rows;
 }
 
 int outbox_txn_lock_stale(const char *prefix, const char *const *current, int n, char ***tids,

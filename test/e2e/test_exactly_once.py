@@ -75,6 +75,7 @@ class ExactlyOnceTest(unittest.TestCase):
                 "wal_level": "replica",
                 "max_wal_senders": 4}
         conf.update(self.extra)
+        self.conf = conf
         self.pg = PgCluster(conf, name="outbox-eos")
         self.pg.start()
         self.pg.sql(ORDERS_SCHEMA)
@@ -390,6 +391,86 @@ class Workers(ExactlyOnceTest):
         old = {k: v for k, v in ids.items() if k.endswith("of2")}
         self.assertTrue(old and all(old.values()), ids)
         self.check("5_crash_then_workers_2_to_3", "eos.workers", min_written=1000)
+
+
+class Upgrade(ExactlyOnceTest):
+    """pg_upgrade (the same major, --link: its checks and binary-upgrade restore are a major
+    move's) of a cluster whose relay died at a step of a Kafka transaction, with rows still
+    pending. pg_upgrade wants the old server stopped cleanly, so it is started once more
+    after the crash. The new cluster has a new system identifier, so new transactional ids.
+    A read_committed consumer sees each row once."""
+    workers = 2
+    # A transaction the crash left open under an old id that nobody fences (13b) is aborted
+    # by Kafka after this; read_committed readers of its partitions wait until then.
+    extra = {"restart_after_crash": "off", "outbox.kafka_config": "'transaction.timeout.ms=10000'"}
+
+    def upgrade_after_a_crash(self, step, topic, brokers_on_restart):
+        KAFKA.create_topic(topic, partitions=4)
+        w = self.write(topic, clients=4, per_client=1000)
+        wait_until(lambda: w.progress() > 800, 300, what="writes under way")
+        self.fault(step)
+        wait_until(lambda: self.crashes(step) >= 1, 120, what="the crash")
+        wait_until(lambda: self.pg.pg_ctl("status", check=False).returncode != 0, 60,
+                   what="the server down (restart_after_crash = off)")
+        crashed_at = time.monotonic()
+        w.join()
+        # Started once more for a clean stop, without the fault point; with its brokers (its
+        # relays settle their last transaction, as docs/operations.md says to) or without.
+        auto = os.path.join(self.pg.data, "postgresql.auto.conf")
+        with open(auto) as f:
+            kept = [line for line in f if "outbox.fault_point" not in line]
+        with open(auto, "w") as f:
+            f.writelines(kept)
+        self.pg.append_conf({"outbox.brokers": brokers_on_restart, "outbox.batch_size": 20})
+        said = "publishing exactly once as transactional id"
+        before = self.pg.log().count(said)
+        self.pg.start()
+        if brokers_on_restart != "''":
+            wait_until(lambda: self.pg.log().count(said) >= before + self.workers, 120,
+                       what="the old server's relays settled")
+        old_ids = dict(self.pg.sql("SELECT transactional_id, clean FROM outbox.relay_transaction"))
+        pending = self.pending()  # about: the old relays may publish more before the stop
+        self.pg.stop("fast")
+        old = self.pg
+        new = PgCluster(self.conf, name="outbox-eos-upgraded")
+        self.others.append(old)
+        self.pg = new
+        out = subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_upgrade"), "--link",
+                                          "-b", PG_BIN, "-B", PG_BIN, "-d", old.data, "-D", new.data,
+                                          "-p", str(old.port), "-P", str(new.port), "-s", new.dir,
+                                          "-U", "postgres"]),
+                             cwd=new.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(out.returncode, 0, out.stdout[-4000:])
+        new.start()
+        self.settled()
+        ids = dict(new.sql("SELECT transactional_id, clean FROM outbox.relay_transaction"))
+        fresh = sorted(set(ids) - set(old_ids))
+        print(f"\n[exactly once] pg_upgrade after a kill at {step} (old server restarted with "
+              f"brokers {brokers_on_restart}): {pending} rows pending at the move; transactional ids "
+              f"before {old_ids}, new {fresh}", file=sys.stderr, flush=True)
+        # The new system identifier's ids are in use; the old ones are settled.
+        self.assertEqual(len(fresh), self.workers, ids)
+        self.assertTrue(all(ids[k] for k in old_ids), ids)
+        time.sleep(max(0.0, crashed_at + 12 - time.monotonic()))  # transaction.timeout.ms, passed
+        return self.check(f"13_pg_upgrade_after_kill_{step}", topic, min_written=4000)
+
+    def test_13a_pg_upgrade_after_a_kill_with_a_kafka_transaction_open(self):
+        """Killed before the Kafka commit; started again with its brokers, the old server's
+        relays abort the open transaction by registering their ids and go on; stopped, moved:
+        the new ids publish the rest, once."""
+        self.upgrade_after_a_crash("before_commit", "eos.upgrade.open", f"'{KAFKA.bootstrap}'")
+
+    def test_13b_pg_upgrade_after_a_kafka_commit_the_old_server_never_recorded(self):
+        """Killed after the Kafka commit, before the mark, then started again without brokers
+        (so its relays settle nothing) and moved: the new cluster's recovery finds the old ids
+        not clean in outbox.relay_transaction, reads their last transaction on the progress
+        topic and marks its rows, so none goes out twice under the new ids. Before, the new
+        relays looked only at ids of their own system identifier, and that transaction's rows
+        went out again."""
+        self.upgrade_after_a_crash("after_commit", "eos.upgrade.committed", "''")
+        self.assertRegex(self.pg.log(), r"Kafka committed transaction \d+ of pg_outbox-\S+ \(another "
+                                        r"system identifier: a pg_upgrade or a restore\), which this "
+                                        r"database had not recorded")
 
 
 class Fencing(ExactlyOnceTest):

@@ -18,6 +18,11 @@ void outbox_txn_set(const char *tid, int64 seq, bool clean);
 int outbox_txn_lock_stale(const char *prefix, const char *const *current, int n,
                           char ***tids, int64 **seqs);
 
+// The ids that do not start with `prefix` (another system identifier: a
+// cluster made by pg_upgrade, or restored from another server) of relays
+// that did not stop cleanly: locked, in order.  Palloc'd.
+int outbox_txn_lock_foreign(const char *prefix, char ***tids, int64 **seqs);
+
 // The sum of progress::row_digest() of this database's rows with ids `ids`
 // (n of them, published or not); *found: how many of them exist.
 uint64 outbox_txn_rows_digest(const int64 *ids, int n, int *found);
