@@ -7,7 +7,11 @@
 # binary-upgrade restore are the same for one version.)
 # The old cluster holds published, pending, waiting-to-retry and parked
 # messages, processed events, and an inbox with a handled and a waiting
-# event.  pg_upgrade --check passes (before schema 1.6 it refused
+# event for each of two roles' subscriptions (one handler runs as a team
+# role), and a waiting one whose handler was dropped before the move.  The
+# new server first starts with Kafka unreachable (nothing is marked, the
+# relay says so, the inbox names the missing handler), then the brokers are
+# set by a reload.  pg_upgrade --check passes (before schema 1.6 it refused
 # outbox.inbox_subscription.handler, a regprocedure), then pg_upgrade runs
 # with the new cluster's relay and inbox off.  After it, with them on: the
 # pending and waiting messages are published once, the published ones never
@@ -102,7 +106,7 @@ elif [ "$OLD" != "$NEW" ]; then
 fi
 [ -f "$("$NEW_BIN/pg_config" --pkglibdir)/outbox.so" ] || { echo "FAIL: outbox is not installed for $NEW"; exit 1; }
 
-build/outbox_test_broker --brokers 1 --topic order.events:1 --topic payments:1 \
+build/outbox_test_broker --brokers 1 --topic order.events:1 --topic payments:1 --topic refunds:1 --topic audit:1 \
   --bootstrap-file "$work/bootstrap" --control "$work/broker.sock" >/dev/null 2>"$work/broker.log" &
 broker=$!
 for _ in $(seq 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
@@ -118,7 +122,7 @@ port = 5432
 shared_preload_libraries = 'outbox'
 outbox.brokers = '$3'
 outbox.inbox = $4
-outbox.inbox_topics = 'payments'
+outbox.inbox_topics = 'payments,refunds,audit'
 outbox.poll_interval = '200ms'
 CONF
 }
@@ -134,17 +138,35 @@ echo "== [${SECONDS}s] PostgreSQL $OLD: published, pending and parked messages, 
 pg "$OLD_BIN/initdb" -D "$work/old" -A trust -U postgres -k >/dev/null
 conf "$OLD_BIN" "$work/old" "$BOOTSTRAP" on
 pg "$OLD_BIN/pg_ctl" -D "$work/old" -l "$work/old.log" -w start >/dev/null
+# Two roles' subscriptions: payments by the superuser, refunds by a team
+# role whose handler runs as that role; audit's handler is dropped before
+# the move (its waiting record must wait, named, and not be lost).
 psql "$OLD_BIN" "CREATE EXTENSION outbox;
-  CREATE TABLE handled (event_id uuid, handled_at timestamptz DEFAULT clock_timestamp());
+  CREATE TABLE handled (event_id uuid, topic text, by_role text DEFAULT current_user,
+                        handled_at timestamptz DEFAULT clock_timestamp());
   CREATE FUNCTION handle(m outbox.inbox_message) RETURNS void LANGUAGE sql
-      AS \$\$ INSERT INTO public.handled (event_id) VALUES (m.event_id) \$\$;
+      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
   SELECT outbox.inbox_subscribe('payments', 'public.handle(outbox.inbox_message)');
+  CREATE ROLE refunds_team NOLOGIN;
+  GRANT USAGE ON SCHEMA outbox TO refunds_team;
+  GRANT EXECUTE ON FUNCTION outbox.inbox_subscribe TO refunds_team;
+  GRANT INSERT ON handled TO refunds_team;
+  CREATE FUNCTION handle_refund(m outbox.inbox_message) RETURNS void LANGUAGE sql
+      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
+  ALTER FUNCTION handle_refund(outbox.inbox_message) OWNER TO refunds_team;
+  SET ROLE refunds_team;
+  SELECT outbox.inbox_subscribe('refunds', 'public.handle_refund(outbox.inbox_message)');
+  RESET ROLE;
+  CREATE FUNCTION handle_audit(m outbox.inbox_message) RETURNS void LANGUAGE sql
+      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
+  SELECT outbox.inbox_subscribe('audit', 'public.handle_audit(outbox.inbox_message)');
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000001', 'payments', '{\"n\": 1}');
+  SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000011', 'refunds', '{\"n\": 1}');
   SELECT outbox.write('order.events', 'k', jsonb_build_object('phase', 'before', 'n', i))
     FROM generate_series(1, 3) AS i;" >/dev/null
 until_true "$OLD_BIN" "SELECT count(*) = 3 FROM outbox.outbox_message WHERE published_at IS NOT NULL" \
   "the old server to publish"
-until_true "$OLD_BIN" "SELECT count(*) = 1 FROM handled" "the old server to handle the first event"
+until_true "$OLD_BIN" "SELECT count(*) = 2 FROM handled" "the old server to handle the first events"
 # Now without Kafka and without the inbox workers: what is written waits.
 pg "$OLD_BIN/pg_ctl" -D "$work/old" -w stop >/dev/null
 conf "$OLD_BIN" "$work/old" "" off
@@ -159,7 +181,10 @@ psql "$OLD_BIN" "
   SELECT outbox.write('order.events', 'parked', '{\"phase\": \"parked\"}');
   UPDATE outbox.outbox_message SET parked_at = now(), attempts = 10,
          last_error = 'Broker: Message size too large (MSG_SIZE_TOO_LARGE)' WHERE key = 'parked';
-  SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000002', 'payments', '{\"n\": 2}');" >/dev/null
+  SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000002', 'payments', '{\"n\": 2}');
+  SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000012', 'refunds', '{\"n\": 2}');
+  SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000021', 'audit', '{\"n\": 1}');
+  DROP FUNCTION handle_audit(outbox.inbox_message);" >/dev/null
 psql "$OLD_BIN" "SELECT count(*) FILTER (WHERE published_at IS NOT NULL) || ' published, '
                      || count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) || ' pending, '
                      || count(*) FILTER (WHERE parked_at IS NOT NULL) || ' parked; inbox: '
@@ -184,10 +209,25 @@ upgrade() {
 upgrade --check
 echo "== [${SECONDS}s] pg_upgrade $MODE_FLAG $OLD -> $NEW"
 upgrade "$MODE_FLAG"
-conf "$NEW_BIN" "$work/new" "$BOOTSTRAP" on
+# First start with Kafka unreachable (a port nobody listens on): the relay
+# says so, nothing is marked, the inbox handles what is stored; then the
+# brokers are set and reloaded, without a restart.
+conf "$NEW_BIN" "$work/new" "127.0.0.1:9" on
 pg "$NEW_BIN/pg_ctl" -D "$work/new" -l "$work/new.log" -w start >/dev/null
 
-echo "== [${SECONDS}s] PostgreSQL $NEW, after the move"
+echo "== [${SECONDS}s] PostgreSQL $NEW, after the move, Kafka unreachable"
+for _ in $(seq 300); do grep -q "cannot reach Kafka" "$work/new.log" && break; sleep 0.1; done
+grep -q "cannot reach Kafka" "$work/new.log" ||
+  { echo "FAIL: the relay did not say that Kafka is unreachable"; cat "$work/new.log"; exit 1; }
+[ "$(psql "$NEW_BIN" "SELECT count(*) FROM outbox.outbox_message WHERE published_at IS NOT NULL")" = 3 ] ||
+  { echo "FAIL: a message was marked published while Kafka was unreachable"; exit 1; }
+for _ in $(seq 300); do grep -q 'records of topic "audit" wait' "$work/new.log" && break; sleep 0.1; done
+grep -q 'records of topic "audit" wait: its handler function no longer exists: public.handle_audit(outbox.inbox_message)' "$work/new.log" ||
+  { echo "FAIL: the inbox did not name the dropped handler"; cat "$work/new.log"; exit 1; }
+conf "$NEW_BIN" "$work/new" "$BOOTSTRAP" on
+pg "$NEW_BIN/pg_ctl" -D "$work/new" reload >/dev/null
+
+echo "== [${SECONDS}s] PostgreSQL $NEW, after the move, Kafka back"
 version=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$ROOT/outbox.control")
 psql "$NEW_BIN" "ALTER EXTENSION outbox UPDATE" >/dev/null
 got=$(psql "$NEW_BIN" "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
@@ -197,13 +237,23 @@ got=$(psql "$NEW_BIN" "SELECT extversion FROM pg_extension WHERE extname = 'outb
 psql "$NEW_BIN" "SELECT outbox.write('order.events', 'k', '{\"phase\": \"after\"}')" >/dev/null
 until_true "$NEW_BIN" "SELECT count(*) = 0 FROM outbox.outbox_message WHERE published_at IS NULL AND parked_at IS NULL" \
   "the new server to publish the pending messages"
-until_true "$NEW_BIN" "SELECT count(*) = 2 FROM handled" "the new server to handle the waiting event"
+until_true "$NEW_BIN" "SELECT count(*) = 4 FROM handled" "the new server to handle the waiting events"
 # Give a duplicate the time to show: a few poll intervals more.
 sleep 2
 [ "$(psql "$NEW_BIN" "SELECT count(*) = 1 AND bool_and(published_at IS NULL) FROM outbox.outbox_message
                       WHERE parked_at IS NOT NULL")" = t ] || { echo "FAIL: the parked message did not stay parked"; exit 1; }
-[ "$(psql "$NEW_BIN" "SELECT count(DISTINCT event_id) = 2 AND count(*) = 2 FROM handled")" = t ] ||
+[ "$(psql "$NEW_BIN" "SELECT count(DISTINCT event_id) = 4 AND count(*) = 4 FROM handled")" = t ] ||
   { echo "FAIL: an inbox event was handled twice:"; psql "$NEW_BIN" "SELECT * FROM handled"; exit 1; }
+[ "$(psql "$NEW_BIN" "SELECT bool_and(by_role = CASE topic WHEN 'refunds' THEN 'refunds_team' ELSE 'postgres' END)
+                      FROM handled")" = t ] ||
+  { echo "FAIL: a handler ran as another role than its subscription's:"; psql "$NEW_BIN" "SELECT * FROM handled"; exit 1; }
+# The dropped handler's record waited; subscribed again, it is handled once.
+[ "$(psql "$NEW_BIN" "SELECT NOT processed FROM outbox.inbox_message WHERE topic = 'audit'")" = t ] ||
+  { echo "FAIL: the record of the dropped handler's topic did not wait"; exit 1; }
+psql "$NEW_BIN" "CREATE FUNCTION handle_audit(m outbox.inbox_message) RETURNS void LANGUAGE sql
+      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
+  SELECT outbox.inbox_subscribe('audit', 'public.handle_audit(outbox.inbox_message)');" >/dev/null
+until_true "$NEW_BIN" "SELECT count(*) = 1 FROM handled WHERE topic = 'audit'" "the audit record once subscribed again"
 ids=$(psql "$NEW_BIN" "SELECT string_agg(message_id::text, ',' ORDER BY id) FROM outbox.outbox_message
                        WHERE parked_at IS NULL")
 
