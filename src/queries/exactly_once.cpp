@@ -80,9 +80,11 @@ void outbox_txn_set(const char *tid, int64 seq, bool clean) {
     outbox_run(&set_query, args, nullptr, 0);
 }
 
-int outbox_txn_lock_foreign(const char *prefix, char ***tids, int64 **seqs) {
-    Datum args[1] = {CStringGetTextDatum(prefix)};
-    int rows = static_cast<int>(outbox_run(&foreign_query, args, nullptr, 0));
+namespace {
+
+// The (transactional_id, seq) rows the last statement returned.  Palloc'd.
+int tid_rows(uint64 n, char ***tids, int64 **seqs) {
+    int rows = static_cast<int>(n);
     *tids = static_cast<char **>(palloc(sizeof(char *) * (rows > 0 ? rows : 1)));
     *seqs = static_cast<int64 *>(palloc(sizeof(int64) * (rows > 0 ? rows : 1)));
     for (int i = 0; i < rows; i++) {
@@ -93,18 +95,17 @@ int outbox_txn_lock_foreign(const char *prefix, char ***tids, int64 **seqs) {
     return rows;
 }
 
+}  // namespace
+
+int outbox_txn_lock_foreign(const char *prefix, char ***tids, int64 **seqs) {
+    Datum args[1] = {CStringGetTextDatum(prefix)};
+    return tid_rows(outbox_run(&foreign_query, args, nullptr, 0), tids, seqs);
+}
+
 int outbox_txn_lock_stale(const char *prefix, const char *const *current, int n, char ***tids,
                           int64 **seqs) {
     std::size_t *lengths = static_cast<std::size_t *>(palloc(sizeof(std::size_t) * (n > 0 ? n : 1)));
     for (int i = 0; i < n; i++) lengths[i] = strlen(current[i]);
     Datum args[2] = {CStringGetTextDatum(prefix), outbox_text_array(current, lengths, n)};
-    int rows = static_cast<int>(outbox_run(&stale_query, args, nullptr, 0));
-    *tids = static_cast<char **>(palloc(sizeof(char *) * (rows > 0 ? rows : 1)));
-    *seqs = static_cast<int64 *>(palloc(sizeof(int64) * (rows > 0 ? rows : 1)));
-    for (int i = 0; i < rows; i++) {
-        bool isnull;
-        (*tids)[i] = outbox_col_text(static_cast<uint64>(i), 1);
-        (*seqs)[i] = DatumGetInt64(outbox_col(static_cast<uint64>(i), 2, &isnull));
-    }
-    return rows;
+    return tid_rows(outbox_run(&stale_query, args, nullptr, 0), tids, seqs);
 }
