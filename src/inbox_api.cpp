@@ -55,6 +55,14 @@ const char *role_name(Oid role) {
     return OidIsValid(role) ? GetUserNameFromId(role, false) : "(none)";
 }
 
+// The role that subscribed a topic, for a message: it may have been dropped
+// since (its OID stays in the subscription; only a superuser may then act).
+const char *subscriber_desc(Oid role) {
+    const char *name = OidIsValid(role) ? GetUserNameFromId(role, true) : nullptr;
+    return name ? psprintf("role \"%s\"", name)
+                : psprintf("a role that no longer exists (OID %u)", role);
+}
+
 // Runs `q` as the extension's owner (the table is not readable or writable
 // by others); returns the rows, in SPI_tuptable.
 uint64 run_as_extension_owner(OutboxQuery *q, const Datum *values) {
@@ -141,8 +149,8 @@ Datum outbox_inbox_subscribe(PG_FUNCTION_ARGS) {
         !may_act_for(caller, handler_owner))
         ereport(ERROR,
                 (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-                 errmsg("%s: topic \"%s\" is subscribed by role \"%s\"", fn,
-                        text_to_cstring(topic), role_name(owner)),
+                 errmsg("%s: topic \"%s\" is subscribed by %s", fn,
+                        text_to_cstring(topic), subscriber_desc(owner)),
                  errdetail("Only that role, the owner of its handler, a member of either, or a "
                            "superuser may replace the subscription.")));
     Datum values[4] = {PointerGetDatum(topic), ObjectIdGetDatum(handler), ObjectIdGetDatum(caller),
@@ -171,8 +179,8 @@ Datum outbox_inbox_unsubscribe(PG_FUNCTION_ARGS) {
     if (found && !may_act_for(caller, owner) && !may_act_for(caller, handler_owner))
         ereport(ERROR,
                 (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-                 errmsg("%s: topic \"%s\" is subscribed by role \"%s\"", fn,
-                        text_to_cstring(topic), role_name(owner)),
+                 errmsg("%s: topic \"%s\" is subscribed by %s", fn,
+                        text_to_cstring(topic), subscriber_desc(owner)),
                  errdetail("Only that role, the owner of its handler, a member of either, or a "
                            "superuser may unsubscribe it.")));
     if (found) {

@@ -436,7 +436,16 @@ long handler_turn(OutboxWorker *w) {
         const OutboxSubscription &sub = subs[(s->next_topic + k) % n];
         TopicPace *pace = pace_of(s, sub.handler);
         if (!sub.exists || !sub.allowed) {
-            if (!pace->said_skipped)
+            if (pace->said_skipped) continue;
+            if (sub.exists && !sub.subscriber_exists)
+                ereport(WARNING,
+                        (errmsg("%s: the records of topic \"%s\" wait: the role that subscribed "
+                                "it (OID %u) no longer exists, and its handler %s is not run for it",
+                                w->label, sub.topic, sub.subscriber,
+                                sub.handler_name ? sub.handler_name : "?"),
+                         errhint("Subscribe the topic again with outbox.inbox_subscribe(), as "
+                                 "the role whose handler should take its records.")));
+            else
                 ereport(WARNING,
                         (errmsg("%s: the records of topic \"%s\" wait: %s %s", w->label,
                                 sub.topic,

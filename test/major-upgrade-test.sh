@@ -29,8 +29,11 @@ OLD=$1
 NEW=$2
 MODE=${3:-copy}
 case $MODE in copy) MODE_FLAG=--copy ;; link) MODE_FLAG=--link ;; *) echo "mode: copy or link"; exit 2 ;; esac
-OLD_BIN=/usr/lib/postgresql/$OLD/bin
-NEW_BIN=/usr/lib/postgresql/$NEW/bin
+# OUTBOX_PG_PREFIX: where the servers are installed instead of / (a private
+# copy, as a developer's machine may have beside a CI run).
+PREFIX=${OUTBOX_PG_PREFIX:-}
+OLD_BIN=$PREFIX/usr/lib/postgresql/$OLD/bin
+NEW_BIN=$PREFIX/usr/lib/postgresql/$NEW/bin
 SECONDS=0
 
 work=$(mktemp -d /tmp/outbox-pg-upgrade.XXXXXX)
@@ -39,7 +42,7 @@ broker=
 cleanup() {
   for d in old new plain-old plain-new; do
     [ -f "$work/$d/postmaster.pid" ] &&
-      runuser -u postgres -- "/usr/lib/postgresql/$([[ $d = *old ]] && echo "$OLD" || echo "$NEW")/bin/pg_ctl" \
+      runuser -u postgres -- "$PREFIX/usr/lib/postgresql/$([[ $d = *old ]] && echo "$OLD" || echo "$NEW")/bin/pg_ctl" \
         -D "$work/$d" -m immediate stop >/dev/null 2>&1
   done
   true
@@ -106,7 +109,7 @@ elif [ "$OLD" != "$NEW" ]; then
 fi
 [ -f "$("$NEW_BIN/pg_config" --pkglibdir)/outbox.so" ] || { echo "FAIL: outbox is not installed for $NEW"; exit 1; }
 
-build/outbox_test_broker --brokers 1 --topic order.events:1 --topic payments:1 --topic refunds:1 --topic audit:1 \
+build/outbox_test_broker --brokers 1 --topic order.events:1 --topic payments:1 --topic refunds:1 --topic audit:1 --topic gone:1 \
   --bootstrap-file "$work/bootstrap" --control "$work/broker.sock" >/dev/null 2>"$work/broker.log" &
 broker=$!
 for _ in $(seq 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
@@ -122,7 +125,7 @@ port = 5432
 shared_preload_libraries = 'outbox'
 outbox.brokers = '$3'
 outbox.inbox = $4
-outbox.inbox_topics = 'payments,refunds,audit'
+outbox.inbox_topics = 'payments,refunds,audit,gone'
 outbox.poll_interval = '200ms'
 CONF
 }
@@ -140,6 +143,8 @@ conf "$OLD_BIN" "$work/old" "$BOOTSTRAP" on
 pg "$OLD_BIN/pg_ctl" -D "$work/old" -l "$work/old.log" -w start >/dev/null
 # Two roles' subscriptions: payments by the superuser, refunds by a team
 # role whose handler runs as that role; audit's handler is dropped before
+# the move, and gone's subscriber role (its handler reassigned, the role
+# dropped: the subscription keeps the dropped role's OID);
 # the move (its waiting record must wait, named, and not be lost).
 psql "$OLD_BIN" "CREATE EXTENSION outbox;
   CREATE TABLE handled (event_id uuid, topic text, by_role text DEFAULT current_user,
@@ -160,6 +165,16 @@ psql "$OLD_BIN" "CREATE EXTENSION outbox;
   CREATE FUNCTION handle_audit(m outbox.inbox_message) RETURNS void LANGUAGE sql
       AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
   SELECT outbox.inbox_subscribe('audit', 'public.handle_audit(outbox.inbox_message)');
+  CREATE ROLE gone_team NOLOGIN;
+  GRANT USAGE ON SCHEMA outbox TO gone_team;
+  GRANT EXECUTE ON FUNCTION outbox.inbox_subscribe TO gone_team;
+  GRANT INSERT ON handled TO gone_team;
+  CREATE FUNCTION handle_gone(m outbox.inbox_message) RETURNS void LANGUAGE sql
+      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
+  ALTER FUNCTION handle_gone(outbox.inbox_message) OWNER TO gone_team;
+  SET ROLE gone_team;
+  SELECT outbox.inbox_subscribe('gone', 'public.handle_gone(outbox.inbox_message)');
+  RESET ROLE;
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000001', 'payments', '{\"n\": 1}');
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000011', 'refunds', '{\"n\": 1}');
   SELECT outbox.write('order.events', 'k', jsonb_build_object('phase', 'before', 'n', i))
@@ -184,7 +199,11 @@ psql "$OLD_BIN" "
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000002', 'payments', '{\"n\": 2}');
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000012', 'refunds', '{\"n\": 2}');
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000021', 'audit', '{\"n\": 1}');
-  DROP FUNCTION handle_audit(outbox.inbox_message);" >/dev/null
+  DROP FUNCTION handle_audit(outbox.inbox_message);
+  SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000031', 'gone', '{\"n\": 1}');
+  REASSIGN OWNED BY gone_team TO postgres;
+  DROP OWNED BY gone_team;
+  DROP ROLE gone_team;" >/dev/null
 psql "$OLD_BIN" "SELECT count(*) FILTER (WHERE published_at IS NOT NULL) || ' published, '
                      || count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) || ' pending, '
                      || count(*) FILTER (WHERE parked_at IS NOT NULL) || ' parked; inbox: '
@@ -207,7 +226,33 @@ upgrade() {
   }
 }
 upgrade --check
-echo "== [${SECONDS}s] pg_upgrade $MODE_FLAG $OLD -> $NEW"
+# Interrupted: killed (with what it runs) while it restores the schema into
+# the new cluster, the step that takes longest with many objects.  The old
+# cluster is untouched (it has not linked or copied anything yet): the DBA
+# makes the new cluster again and runs pg_upgrade again.
+echo "== [${SECONDS}s] pg_upgrade $MODE_FLAG $OLD -> $NEW, killed while it restores the schema"
+(cd "$work" && exec setsid runuser -u postgres -- "$NEW_BIN/pg_upgrade" "$MODE_FLAG" -b "$OLD_BIN" \
+   -B "$NEW_BIN" -d "$work/old" -D "$work/new" -s "$work" -p 5432 -P 5433 -U postgres) \
+  > "$work/pg_upgrade-killed.out" 2>&1 &
+killed=$!
+for _ in $(seq 1200); do
+  grep -q "Restoring database schemas" "$work/pg_upgrade-killed.out" && break
+  kill -0 "$killed" 2>/dev/null || break
+  sleep 0.05
+done
+grep -q "Restoring database schemas" "$work/pg_upgrade-killed.out" && ! grep -q "Upgrade Complete" "$work/pg_upgrade-killed.out" ||
+  { echo "FAIL: pg_upgrade ended before it could be interrupted:"; cat "$work/pg_upgrade-killed.out"; exit 1; }
+kill -KILL -- "-$killed" 2>/dev/null || true
+wait "$killed" 2>/dev/null || true
+for d in old new; do
+  [ -f "$work/$d/postmaster.pid" ] &&
+    pg "$([ $d = old ] && echo "$OLD_BIN" || echo "$NEW_BIN")/pg_ctl" -D "$work/$d" -m immediate stop >/dev/null 2>&1
+done
+[ -f "$work/old/global/pg_control" ] || { echo "FAIL: the interrupted pg_upgrade changed the old cluster"; exit 1; }
+rm -rf "$work/new"
+pg "$NEW_BIN/initdb" -D "$work/new" -A trust -U postgres -k >/dev/null
+conf "$NEW_BIN" "$work/new" "" off
+echo "== [${SECONDS}s] pg_upgrade $MODE_FLAG $OLD -> $NEW, again"
 upgrade "$MODE_FLAG"
 # First start with Kafka unreachable (a port nobody listens on): the relay
 # says so, nothing is marked, the inbox handles what is stored; then the
@@ -224,6 +269,9 @@ grep -q "cannot reach Kafka" "$work/new.log" ||
 for _ in $(seq 300); do grep -q 'records of topic "audit" wait' "$work/new.log" && break; sleep 0.1; done
 grep -q 'records of topic "audit" wait: its handler function no longer exists: public.handle_audit(outbox.inbox_message)' "$work/new.log" ||
   { echo "FAIL: the inbox did not name the dropped handler"; cat "$work/new.log"; exit 1; }
+for _ in $(seq 300); do grep -q 'records of topic "gone" wait' "$work/new.log" && break; sleep 0.1; done
+grep -q 'records of topic "gone" wait: the role that subscribed it (OID [0-9]*) no longer exists, and its handler public.handle_gone(outbox.inbox_message) is not run' "$work/new.log" ||
+  { echo "FAIL: the inbox did not say that the subscriber role of topic gone was dropped"; cat "$work/new.log"; exit 1; }
 conf "$NEW_BIN" "$work/new" "$BOOTSTRAP" on
 pg "$NEW_BIN/pg_ctl" -D "$work/new" reload >/dev/null
 
@@ -254,6 +302,19 @@ psql "$NEW_BIN" "CREATE FUNCTION handle_audit(m outbox.inbox_message) RETURNS vo
       AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
   SELECT outbox.inbox_subscribe('audit', 'public.handle_audit(outbox.inbox_message)');" >/dev/null
 until_true "$NEW_BIN" "SELECT count(*) = 1 FROM handled WHERE topic = 'audit'" "the audit record once subscribed again"
+# The dropped role's subscription: its record waited; another role may not
+# take the topic over (a clear error naming the dropped role), a superuser
+# may, and the record is handled once.
+[ "$(psql "$NEW_BIN" "SELECT NOT processed FROM outbox.inbox_message WHERE topic = 'gone'")" = t ] ||
+  { echo "FAIL: the record of the dropped role's topic did not wait"; exit 1; }
+if out=$(psql "$NEW_BIN" "SET ROLE refunds_team;
+    SELECT outbox.inbox_subscribe('gone', 'public.handle_refund(outbox.inbox_message)')" 2>&1); then
+  echo "FAIL: a role took over the subscription of a dropped role"; exit 1
+fi
+echo "$out" | grep -q 'topic "gone" is subscribed by a role that no longer exists (OID [0-9]*)' ||
+  { echo "FAIL: taking over a dropped role's topic did not say why it was refused: $out"; exit 1; }
+psql "$NEW_BIN" "SELECT outbox.inbox_subscribe('gone', 'public.handle(outbox.inbox_message)')" >/dev/null
+until_true "$NEW_BIN" "SELECT count(*) = 1 FROM handled WHERE topic = 'gone'" "the dropped role's record once subscribed again"
 ids=$(psql "$NEW_BIN" "SELECT string_agg(message_id::text, ',' ORDER BY id) FROM outbox.outbox_message
                        WHERE parked_at IS NULL")
 

@@ -134,6 +134,10 @@ int outbox_inbox_subscriptions(int schema, OutboxSubscription **subs) {
         s.batch = !isnull && DatumGetBool(batch);
         Datum allowed = outbox_col(i, sql::kSubAllowed, &isnull);
         s.allowed = !isnull && DatumGetBool(allowed);
+        Datum subscriber = outbox_col(i, sql::kSubSubscriber, &isnull);
+        s.subscriber = isnull ? InvalidOid : DatumGetObjectId(subscriber);
+        Datum subscriber_exists = outbox_col(i, sql::kSubSubscriberExists, &isnull);
+        s.subscriber_exists = !isnull && DatumGetBool(subscriber_exists);
     }
     return n;
 }

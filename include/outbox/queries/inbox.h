@@ -43,6 +43,8 @@ struct OutboxSubscription {
     bool exists;   // the function is still there
     bool batch;    // it takes outbox.inbox_message[]
     bool allowed;  // the subscription's owner may have it run
+    Oid subscriber;          // the role that subscribed the topic
+    bool subscriber_exists;  // false once that role was dropped
 };
 
 // Every subscription, by topic (`schema`: the extension's, as

@@ -75,7 +75,8 @@ inline constexpr const char kSubscriptions[] =
     " ((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
     " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE'))"
     " AND (s.handler_owner IS NULL OR s.handler_owner OPERATOR(pg_catalog.=) p.proowner),"
-    " s.handler::pg_catalog.text"
+    " s.handler::pg_catalog.text, s.owner::pg_catalog.oid,"
+    " EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
     " FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p"
     " ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text)"
     " ORDER BY s.topic";
@@ -85,7 +86,8 @@ inline constexpr const char kSubscriptionsBefore16[] =
     " p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype,"
     " (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
     " OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE'),"
-    " s.handler::pg_catalog.text"
+    " s.handler::pg_catalog.text, s.owner::pg_catalog.oid,"
+    " EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)"
     " FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p"
     " ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text)"
     " ORDER BY s.topic";
@@ -97,6 +99,8 @@ enum SubscriptionColumn {
     kSubBatch,
     kSubAllowed,
     kSubHandlerName,
+    kSubSubscriber,        // the role that subscribed the topic (its OID)
+    kSubSubscriberExists,  // false once that role was dropped
 };
 
 // Keys of topic $1 whose earliest unprocessed record waits for a retry:
