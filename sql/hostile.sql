@@ -95,7 +95,7 @@ DROP FUNCTION public.victim_handler(outbox.inbox_message);
 SET ROLE regress_attacker;
 CREATE FUNCTION public.victim_handler(m outbox.inbox_message) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 RESET ROLE;
-SELECT topic, proowner::regrole AS found_owner, allowed FROM (SELECT s.topic, p.oid, p.proowner, p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype, ((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner) OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE')) AND (s.handler_owner IS NULL OR s.handler_owner OPERATOR(pg_catalog.=) p.proowner), s.handler::pg_catalog.text FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text) ORDER BY s.topic) AS s(topic, fn, proowner, batch, allowed, handler)
+SELECT topic, proowner::regrole AS found_owner, allowed FROM (SELECT s.topic, p.oid, p.proowner, p.proargtypes[0] OPERATOR(pg_catalog.<>) 'outbox.inbox_message'::pg_catalog.regtype, ((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = s.owner) OR pg_catalog.pg_has_role(s.owner, p.proowner, 'USAGE')) AND (s.handler_owner IS NULL OR s.handler_owner OPERATOR(pg_catalog.=) p.proowner), s.handler::pg_catalog.text, s.owner::pg_catalog.oid, EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = s.owner) FROM outbox.inbox_subscription s LEFT JOIN pg_catalog.pg_proc p ON p.oid = pg_catalog.to_regprocedure(s.handler::pg_catalog.text) ORDER BY s.topic) AS s(topic, fn, proowner, batch, allowed, handler, subscriber, subscriber_exists)
  WHERE topic = 'refunds';
 
 -- Secrets: outbox.kafka_config refuses them, and no error repeats a value
