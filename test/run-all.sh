@@ -16,6 +16,9 @@
 # build then makes only the test broker of build/); OUTBOX_REGRESS=0 and
 # OUTBOX_PACKAGE=0 leave out pg_regress/isolation and the package
 # (test/pgtree.sh --kafka-only: a second pass in a tree whose first ran them).
+# OUTBOX_SANITIZE=1 (CI's 15 tier) runs the unit tests and the suites of
+# OUTBOX_SANITIZE_E2E under AddressSanitizer and UBSan instead of plainly
+# (test/sanitize.sh): the same tests, once, with the sanitizers watching.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -23,7 +26,7 @@ PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 export PG_CONFIG
 
 if [ "$(id -u)" -ne 0 ]; then
-  exec sudo --preserve-env=PG_CONFIG,OUTBOX_E2E,OUTBOX_E2E_SKIP,OUTBOX_UNIT,OUTBOX_REGRESS,OUTBOX_PACKAGE "$0" "$@"
+  exec sudo --preserve-env=PG_CONFIG,OUTBOX_E2E,OUTBOX_E2E_SKIP,OUTBOX_UNIT,OUTBOX_REGRESS,OUTBOX_PACKAGE,OUTBOX_SANITIZE,OUTBOX_SANITIZE_E2E "$0" "$@"
 fi
 
 MAJOR=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
@@ -32,12 +35,23 @@ step() { echo "== [PG $MAJOR, ${SECONDS}s] $*"; }
 
 step "dependencies and build"
 bash scripts/install-deps.sh
-bash scripts/build.sh
+sanitized=
+if [ "${OUTBOX_SANITIZE:-0}" = 1 ]; then
+  # The plain unit tests are not built: they run sanitized below.
+  OUTBOX_UNIT=0 bash scripts/build.sh
+  sanitized=${OUTBOX_SANITIZE_E2E:-test_relay test_inbox_intake}
+  export OUTBOX_SANITIZE_E2E=$sanitized
+else
+  bash scripts/build.sh
+fi
 
 step "a build against an unsupported PostgreSQL stops with one line"
 bash test/version-check.sh
 
-if [ "${OUTBOX_UNIT:-1}" = 0 ]; then
+if [ -n "$sanitized" ]; then
+  step "unit tests and the end-to-end suites $sanitized, under AddressSanitizer and UBSan"
+  bash test/sanitize.sh
+elif [ "${OUTBOX_UNIT:-1}" = 0 ]; then
   step "unit tests: not here (OUTBOX_UNIT=0: they ran against this librdkafka in this tree)"
 else
   step "unit tests (GoogleTest)"
@@ -74,6 +88,10 @@ OUTBOX_PG_BIN=$("$PG_CONFIG" --bindir)
 suites=${OUTBOX_E2E:-$(cd test/e2e && ls test_*.py | sed 's/\.py$//' | tr '\n' ' ')}
 [ "$suites" = none ] && suites=
 for suite in $suites; do
+  if [[ " $sanitized " == *" $suite "* ]]; then
+    step "end-to-end: $suite ran under the sanitizers above"
+    continue
+  fi
   step "end-to-end: $suite"
   [ -f "test/e2e/$suite.py" ] || { echo "no end-to-end suite test/e2e/$suite.py" >&2; exit 1; }
   /usr/bin/python3 test/e2e/run_suite.py "$suite"

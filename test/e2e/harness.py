@@ -137,8 +137,12 @@ class PgCluster:
                 f.write(f"{k} = {v}\n")
 
     def pg_ctl(self, *args, check=True):
-        return subprocess.run(as_postgres([os.path.join(PG_BIN, "pg_ctl"), "-D", self.data,
-                                           "-l", self.logfile] + list(args)),
+        # OUTBOX_PG_ENV: NAME=VALUE pairs for the server alone (test/sanitize.sh preloads the
+        # sanitizer's runtime with it).
+        env = os.environ.get("OUTBOX_PG_ENV", "").split()
+        return subprocess.run(as_postgres((["env"] + env if env else [])
+                                          + [os.path.join(PG_BIN, "pg_ctl"), "-D", self.data,
+                                             "-l", self.logfile] + list(args)),
                               check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def start(self):
