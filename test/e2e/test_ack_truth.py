@@ -258,6 +258,40 @@ class AckTruth(unittest.TestCase):
         """NOT_ENOUGH_REPLICAS (19) on the relay's first request of a partition."""
         self.refuse_first(19)
 
+    def refused_then(self, change):
+        """The partition's first request refused with NOT_LEADER_OR_FOLLOWER and the refusal
+        held 3 s; while it is held, change() takes the relay's producer away (its records in
+        flight abandoned, its rows left pending) and a new producer id sends them again."""
+        PROXY.add_rule(Rule("error", topic=self.topic, partition=0, nth=1, error=6,
+                            hold_ms=3000))
+        self.write_rows()
+        wait_until(lambda: any(e["fault"] == "error" for e in PROXY.snapshot()["produce_log"]
+                               if e["partitions"][0]["topic"] == self.topic), 30,
+                   what="the first request refused")
+        change()
+        return self.check(first_copies_in_order=False)
+
+    def test_first_request_refused_while_a_reload_replaces_the_producer(self):
+        """outbox.kafka_config changed and reloaded while the refusal is held: the relay
+        replaces its producer (a new producer id, new to the partition)."""
+        def reload():
+            self.pg.append_conf({"outbox.kafka_config":
+                                 f"'{self.kafka_config};client.id=ack-truth-replaced'"})
+            self.pg.reload()
+        self.refused_then(reload)
+        self.assertIn("Kafka settings changed, reconnecting", self.pg.log())
+
+    def test_first_request_refused_while_the_server_restarts(self):
+        """The server stopped (fast) and started again while the refusal is held."""
+        self.refused_then(self.pg.restart)
+
+    def test_first_request_refused_while_the_relay_is_terminated(self):
+        """pg_terminate_backend() of the relay while the refusal is held: the postmaster
+        starts it again, with a new producer."""
+        self.refused_then(lambda: self.pg.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE backend_type = 'pg outbox relay'"))
+
     def test_later_request_not_leader(self):
         """The same refusal once the producer id has records on the partition: the broker
         then refuses the requests after the gap (OUT_OF_ORDER_SEQUENCE_NUMBER), librdkafka
