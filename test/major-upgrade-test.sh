@@ -137,6 +137,23 @@ until_true() {  # until_true <bin> <sql> <what>
   echo "FAIL: timed out waiting for $3"; cat "$work"/*.log; exit 1
 }
 
+# The SQL of a subscription by a team role whose handler runs as that role:
+# team_subscription <role> <topic> <handler function>
+team_subscription() {
+  cat <<SQL
+CREATE ROLE $1 NOLOGIN;
+  GRANT USAGE ON SCHEMA outbox TO $1;
+  GRANT EXECUTE ON FUNCTION outbox.inbox_subscribe TO $1;
+  GRANT INSERT ON handled TO $1;
+  CREATE FUNCTION $3(m outbox.inbox_message) RETURNS void LANGUAGE sql
+      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
+  ALTER FUNCTION $3(outbox.inbox_message) OWNER TO $1;
+  SET ROLE $1;
+  SELECT outbox.inbox_subscribe('$2', 'public.$3(outbox.inbox_message)');
+  RESET ROLE;
+SQL
+}
+
 echo "== [${SECONDS}s] PostgreSQL $OLD: published, pending and parked messages, an inbox"
 pg "$OLD_BIN/initdb" -D "$work/old" -A trust -U postgres -k >/dev/null
 conf "$OLD_BIN" "$work/old" "$BOOTSTRAP" on
@@ -152,29 +169,11 @@ psql "$OLD_BIN" "CREATE EXTENSION outbox;
   CREATE FUNCTION handle(m outbox.inbox_message) RETURNS void LANGUAGE sql
       AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
   SELECT outbox.inbox_subscribe('payments', 'public.handle(outbox.inbox_message)');
-  CREATE ROLE refunds_team NOLOGIN;
-  GRANT USAGE ON SCHEMA outbox TO refunds_team;
-  GRANT EXECUTE ON FUNCTION outbox.inbox_subscribe TO refunds_team;
-  GRANT INSERT ON handled TO refunds_team;
-  CREATE FUNCTION handle_refund(m outbox.inbox_message) RETURNS void LANGUAGE sql
-      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
-  ALTER FUNCTION handle_refund(outbox.inbox_message) OWNER TO refunds_team;
-  SET ROLE refunds_team;
-  SELECT outbox.inbox_subscribe('refunds', 'public.handle_refund(outbox.inbox_message)');
-  RESET ROLE;
+  $(team_subscription refunds_team refunds handle_refund)
   CREATE FUNCTION handle_audit(m outbox.inbox_message) RETURNS void LANGUAGE sql
       AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
   SELECT outbox.inbox_subscribe('audit', 'public.handle_audit(outbox.inbox_message)');
-  CREATE ROLE gone_team NOLOGIN;
-  GRANT USAGE ON SCHEMA outbox TO gone_team;
-  GRANT EXECUTE ON FUNCTION outbox.inbox_subscribe TO gone_team;
-  GRANT INSERT ON handled TO gone_team;
-  CREATE FUNCTION handle_gone(m outbox.inbox_message) RETURNS void LANGUAGE sql
-      AS \$\$ INSERT INTO public.handled (event_id, topic) VALUES (m.event_id, m.topic) \$\$;
-  ALTER FUNCTION handle_gone(outbox.inbox_message) OWNER TO gone_team;
-  SET ROLE gone_team;
-  SELECT outbox.inbox_subscribe('gone', 'public.handle_gone(outbox.inbox_message)');
-  RESET ROLE;
+  $(team_subscription gone_team gone handle_gone)
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000001', 'payments', '{\"n\": 1}');
   SELECT outbox.inbox_write('00000000-0000-7000-8000-000000000011', 'refunds', '{\"n\": 1}');
   SELECT outbox.write('order.events', 'k', jsonb_build_object('phase', 'before', 'n', i))
