@@ -25,11 +25,11 @@ ifdef OUTBOX_WERROR
 PG_CXXFLAGS += -Werror
 endif
 SHLIB_LINK   = -lrdkafka -lstdc++
-# OUTBOX_SANITIZE=address,undefined: the module built for test/sanitize.sh (a
+# OUTBOX_SANITIZERS=address,undefined: the module built for test/sanitize.sh (a
 # server that loads it needs the sanitizer's runtime preloaded).
-ifdef OUTBOX_SANITIZE
-PG_CXXFLAGS += -fsanitize=$(OUTBOX_SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
-SHLIB_LINK  += -fsanitize=$(OUTBOX_SANITIZE)
+ifdef OUTBOX_SANITIZERS
+PG_CXXFLAGS += -fsanitize=$(OUTBOX_SANITIZERS) -fno-omit-frame-pointer -fno-sanitize-recover=all
+SHLIB_LINK  += -fsanitize=$(OUTBOX_SANITIZERS)
 endif
 
 # pg_regress (sql/, expected/): SQL API, errors, privileges, mark_processed

@@ -53,8 +53,8 @@ cp -a "$sharedir" "$priv$(dirname "$sharedir")/"
 # plain objects of the source tree as up to date).
 tar --exclude=./build --exclude=./.git --exclude='*.o' --exclude='*.so' --exclude='*.bc' -cf - . |
   tar -xf - -C "$work/ext"
-make -s -C "$work/ext" PG_CONFIG="$PG_CONFIG" OUTBOX_WERROR=1 OUTBOX_SANITIZE=$SERVER_SAN -j"$JOBS" >/dev/null
-make -s -C "$work/ext" PG_CONFIG="$PG_CONFIG" OUTBOX_SANITIZE=$SERVER_SAN install DESTDIR="$priv" >/dev/null
+make -s -C "$work/ext" PG_CONFIG="$PG_CONFIG" OUTBOX_WERROR=1 OUTBOX_SANITIZERS=$SERVER_SAN -j"$JOBS" >/dev/null
+make -s -C "$work/ext" PG_CONFIG="$PG_CONFIG" OUTBOX_SANITIZERS=$SERVER_SAN install DESTDIR="$priv" >/dev/null
 ldd "$work/ext/outbox.so" | grep -q libubsan || { echo "the module is not linked with libubsan" >&2; exit 1; }
 mkdir -m 1777 "$work/reports"
 chmod -R a+rX "$work"
