@@ -55,7 +55,9 @@ tar --exclude=./build --exclude=./.git --exclude='*.o' --exclude='*.so' --exclud
   tar -xf - -C "$work/ext"
 make -s -C "$work/ext" PG_CONFIG="$PG_CONFIG" OUTBOX_WERROR=1 OUTBOX_SANITIZERS=$SERVER_SAN -j"$JOBS" >/dev/null
 make -s -C "$work/ext" PG_CONFIG="$PG_CONFIG" OUTBOX_SANITIZERS=$SERVER_SAN install DESTDIR="$priv" >/dev/null
-ldd "$work/ext/outbox.so" | grep -q libubsan || { echo "the module is not linked with libubsan" >&2; exit 1; }
+# (Not `ldd | grep -q`: grep's early exit can fail ldd with SIGPIPE, and pipefail with it.)
+libs=$(ldd "$work/ext/outbox.so")
+[[ $libs == *libubsan* ]] || { echo "the module is not linked with libubsan" >&2; exit 1; }
 mkdir -m 1777 "$work/reports"
 chmod -R a+rX "$work"
 echo "   built in ${SECONDS}s"
@@ -65,7 +67,7 @@ echo "   built in ${SECONDS}s"
 # memory context.
 server_env="UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$work/reports/ubsan"
 if [[ $SERVER_SAN == *address* ]]; then
-  server_env+=" LD_PRELOAD=$(ldd "$work/ext/outbox.so" | awk '/libasan/ {print $3}')"
+  server_env+=" LD_PRELOAD=$(awk '/libasan/ {print $3}' <<<"$libs")"
   server_env+=" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$work/reports/asan"
 fi
 rc=0
