@@ -91,6 +91,10 @@ def verify(records, committed):
 
     lost: committed rows never received. duplicates: records of a row after its first.
     order_violations: a key's row received first after a later row (higher id) of its key.
+    last_order_violations: the same by each row's last copy (what a consumer that keeps the
+    newest copy ends with; docs/delivery.md: when Kafka lost a request and kept the next, the
+    relay sends the lost rows and their key's later rows again, so only the last copies of
+    that key are sure to be in id order).
     unknown: records of no committed row (a rolled-back one). mismatched: key, value or
     headers not byte for byte the row's. wrong_partition: a key not on the partition
     Java's default partitioner picks for it.
@@ -120,8 +124,21 @@ def verify(records, committed):
         if highest.get(key, 0) > row_id:
             order_violations += 1
         highest[key] = max(highest.get(key, 0), row_id)
+    last_order_violations = 0
+    lowest, done = {}, set()
+    for r in sorted(records, key=lambda r: (r["partition"], r["offset"]), reverse=True):
+        eid = dict(r["headers"]).get("event_id", b"").decode(errors="replace")
+        row = committed.get(eid)
+        if row is None or eid in done:
+            continue
+        done.add(eid)
+        row_id, key = row[0], row[1]
+        if lowest.get(key, float("inf")) < row_id:
+            last_order_violations += 1
+        lowest[key] = min(lowest.get(key, float("inf")), row_id)
     return {"written": len(committed), "delivered": len(seen), "lost": len(set(committed) - seen),
-            "duplicates": duplicates, "order_violations": order_violations, "unknown": unknown,
+            "duplicates": duplicates, "order_violations": order_violations,
+            "last_order_violations": last_order_violations, "unknown": unknown,
             "mismatched": mismatched, "wrong_partition": wrong_partition}
 
 
@@ -217,7 +234,10 @@ class RealKafkaTest(unittest.TestCase):
         print(f"\n[real kafka] {name}: {result}, parked {parked}", file=sys.stderr, flush=True)
         self.assertGreaterEqual(result["written"], min_written)
         self.assertEqual(result["lost"], 0, result)
-        self.assertEqual(result["order_violations"], 0, result)
+        self.assertEqual(result["last_order_violations"], 0, result)
+        if "reported the record delivered without an offset" not in self.pg.log():
+            # No implicit acknowledgement seen: nothing was sent again out of turn.
+            self.assertEqual(result["order_violations"], 0, result)
         self.assertEqual(result["unknown"], 0, result)
         self.assertEqual(result["mismatched"], 0, result)
         self.assertEqual(result["wrong_partition"], 0, result)
