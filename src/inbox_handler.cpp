@@ -443,8 +443,9 @@ long handler_turn(OutboxWorker *w) {
                                 "it (OID %u) no longer exists, and its handler %s is not run for it",
                                 w->label, sub.topic, sub.subscriber,
                                 sub.handler_name ? sub.handler_name : "?"),
-                         errhint("Subscribe the topic again with outbox.inbox_subscribe(), as "
-                                 "the role whose handler should take its records.")));
+                         errhint("A superuser may subscribe the topic again with "
+                                 "outbox.inbox_subscribe(); no other role can act for a dropped "
+                                 "one.")));
             else
                 ereport(WARNING,
                         (errmsg("%s: the records of topic \"%s\" wait: %s %s", w->label,
