@@ -57,8 +57,10 @@ MIRROR=http://deb.debian.org/debian
 case $suite in
   trixie) E2E_DEFAULT="test_relay test_workers test_encoding test_backup test_failover"
           SKIP_DEFAULT= ;;
+  # test_ack_truth.LeaderChange (a second three-node cluster, 80 s) runs in CI on 15 only;
+  # run it here with OUTBOX_E2E_SKIP= (docs/delivery.md gives its figures on 2.14).
   *) E2E_DEFAULT="test_relay test_faults test_inbox test_workers test_hostile test_hostile_settings test_encoding test_backup test_failover test_exactly_once test_ack_truth"
-     SKIP_DEFAULT= ;;
+     SKIP_DEFAULT="test_ack_truth.LeaderChange" ;;
 esac
 E2E=${OUTBOX_E2E:-$E2E_DEFAULT}
 E2E_SKIP=${OUTBOX_E2E_SKIP-$SKIP_DEFAULT}

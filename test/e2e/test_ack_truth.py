@@ -23,6 +23,11 @@ have refused R2's sequence otherwise. A broker with no state for the producer id
 partition accepts any first sequence, so for a new producer id that reasoning fails.
 test_first_request_not_leader / _not_enough_replicas show what that does to the relay.
 
+LeaderChange does the same across a real leader change: three brokers, each behind a proxy of
+its own, a topic of three replicas whose leader is stopped (a clean shutdown hands its
+leadership over) before the relay's first request of the partition, while a refusal is held, or
+after the producer id has written there.
+
 Run (as root, from test/e2e): python3 -m unittest test_ack_truth -v
 OUTBOX_PG_BIN picks the PostgreSQL (and so the extension build) under test.
 """
@@ -36,7 +41,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kafka"))
-from harness import PgCluster, check_places, wait_until  # noqa: E402
+from harness import PgCluster, check_places, tier_may_skip, wait_until  # noqa: E402
 from cluster import KafkaCluster  # noqa: E402
 from fault_proxy import FaultProxy, Rule  # noqa: E402
 
@@ -77,14 +82,35 @@ def tearDownModule():
             print(" ".join(str(x) for x in r), file=sys.stderr)
 
 
-class AckTruth(unittest.TestCase):
+class AckTruthChecks:
+    """What every test here does: a Postgres cluster of its own, whose relay reaches Kafka only
+    through the proxies; ROWS rows written; the topic read back and checked against them.
+    A subclass says which cluster and proxies (kafka(), proxies())."""
     kafka_config = "batch.num.messages=2"
+    replicas = 1
+
+    def kafka(self):
+        return KAFKA
+
+    def proxies(self):
+        return [PROXY]
+
+    def produce_log(self):
+        """The Produce requests every proxy saw, each tagged with its proxy's index."""
+        log = []
+        for i, proxy in enumerate(self.proxies()):
+            for e in proxy.snapshot()["produce_log"]:
+                e["proxy"] = i
+                log.append(e)
+        return log
 
     def setUp(self):
         self.topic = f"ack.{self._testMethodName}.{int(time.time() * 1000) % 100000}"
-        KAFKA.create_topic(self.topic, partitions=1, replicas=1)
-        PROXY.clear_rules()
-        self.pg = PgCluster({"outbox.brokers": f"'{PROXY.address}'",
+        self.kafka().create_topic(self.topic, partitions=1, replicas=self.replicas)
+        for proxy in self.proxies():
+            proxy.clear_rules()
+        brokers = ",".join(proxy.address for proxy in self.proxies())
+        self.pg = PgCluster({"outbox.brokers": f"'{brokers}'",
                              "outbox.kafka_config": f"'{self.kafka_config}'",
                              "outbox.batch_size": 1000,
                              "outbox.batch_timeout": "'2s'",
@@ -93,7 +119,8 @@ class AckTruth(unittest.TestCase):
         self.pg.sql("CREATE EXTENSION IF NOT EXISTS outbox")
 
     def tearDown(self):
-        PROXY.clear_rules()
+        for proxy in self.proxies():
+            proxy.clear_rules()
         if self._failed():
             print(self.pg.log()[-4000:], file=sys.stderr)
         self.pg.destroy()
@@ -134,7 +161,7 @@ class AckTruth(unittest.TestCase):
         the last copies can be in order."""
         self.settled()
         rows = self.rows()
-        records = sorted(KAFKA.dump(self.topic, contiguous=True),
+        records = sorted(self.kafka().dump(self.topic, contiguous=True),
                          key=lambda r: (r["partition"], r["offset"]))
         last_order_violations = 0
         highest_last = {}
@@ -194,15 +221,19 @@ class AckTruth(unittest.TestCase):
     def report(self, rows, lost, first_at):
         """The proxy's log of this topic; for each lost row, its id, key and which Produce
         request carried it."""
-        snap = PROXY.snapshot()
-        mine = [e for e in snap["produce_log"]
+        several = len(self.proxies()) > 1
+        mine = [e for e in self.produce_log()
                 if any(p["topic"] == self.topic for p in e["partitions"])]
-        faults = [f for f in snap["faults"] if any(b["topic"] == self.topic for b in f["batches"])]
-        for f in faults:
-            print(f"[ack truth]   fault: {FaultProxy.describe_fault(f)}", file=sys.stderr)
+        for i, proxy in enumerate(self.proxies()):
+            for f in proxy.snapshot()["faults"]:
+                if any(b["topic"] == self.topic for b in f["batches"]):
+                    print(f"[ack truth]   fault{f' (proxy {i})' if several else ''}: "
+                          f"{FaultProxy.describe_fault(f)}", file=sys.stderr)
         if lost or os.environ.get("OUTBOX_ACK_TRUTH_VERBOSE"):
             for e in mine:
-                print(f"[ack truth]   produce {PROXY.describe_produce(e)}", file=sys.stderr)
+                via = f" (proxy {e['proxy']})" if several else ""
+                print(f"[ack truth]   produce{via} {FaultProxy.describe_produce(e)}",
+                      file=sys.stderr)
         for eid in lost:
             row_id, key = rows[eid][0], rows[eid][1]
             carried = []
@@ -222,11 +253,18 @@ class AckTruth(unittest.TestCase):
 
     def answered(self):
         """How many of the topic's Produce requests the broker answered without error."""
-        return sum(1 for e in PROXY.snapshot()["produce_log"]
+        return sum(1 for e in self.produce_log()
                    if any(p["topic"] == self.topic for p in e["partitions"]) and e["response"]
                    and all(r["error"].startswith("NONE") for r in e["response"]))
 
-    # ---- the tests
+    def refusals(self):
+        """The topic's Produce requests a proxy refused itself."""
+        return [e for e in self.produce_log()
+                if e["partitions"][0]["topic"] == self.topic and e["fault"] == "error"]
+
+
+class AckTruth(AckTruthChecks, unittest.TestCase):
+    """One broker behind one proxy."""
 
     def refuse_first(self, error):
         """The partition's first Produce request refused with `error`, never forwarded; the
@@ -326,6 +364,115 @@ class AckTruth(unittest.TestCase):
         PROXY.add_rule(Rule("cut", topic=self.topic, partition=0, nth=4, forward=False))
         PROXY.add_rule(Rule("delay", topic=self.topic, partition=0, nth=6, delay_ms=2000))
         self.write_rows()
+        self.check()
+
+
+@tier_may_skip
+class LeaderChange(AckTruthChecks, unittest.TestCase):
+    """The partition's leader changes while the relay produces: three brokers, each behind a
+    proxy of its own (the relay's outbox.brokers are the three proxies, and Metadata names
+    them, so every connection goes through one), a topic of one partition and three replicas
+    (min.insync.replicas=2). The leader is moved by a clean shutdown of its broker, which
+    hands its leaderships over first, as a rolling restart does; it starts again after the
+    test. Its own cluster: started once for the class."""
+    replicas = 3
+    KAFKA3 = None
+    PROXIES = []
+
+    @classmethod
+    def setUpClass(cls):
+        t0 = time.monotonic()
+        cls.PROXIES = [FaultProxy() for _ in range(3)]
+        cls.KAFKA3 = KafkaCluster(nodes=3, proxy_ports=[p.port for p in cls.PROXIES])
+        for i, proxy in zip(cls.KAFKA3.ids, cls.PROXIES):
+            proxy.upstream = cls.KAFKA3.proxied_upstream[i]
+            proxy.start()
+        try:
+            cls.KAFKA3.start()
+        except BaseException:
+            cls.tearDownClass()
+            raise
+        print(f"\n[ack truth] 3 nodes behind 3 proxies ready in {time.monotonic() - t0:.1f}s",
+              file=sys.stderr, flush=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        for proxy in cls.PROXIES:
+            proxy.stop()
+        if cls.KAFKA3:
+            cls.KAFKA3.stop()
+
+    def kafka(self):
+        return self.KAFKA3
+
+    def proxies(self):
+        return self.PROXIES
+
+    def tearDown(self):
+        super().tearDown()
+        stopped = [i for i in self.KAFKA3.ids if i not in self.KAFKA3.running()]
+        for i in stopped:
+            self.KAFKA3.start_node(i)
+        if stopped:
+            self.KAFKA3.wait_ready()
+
+    def leader(self):
+        return self.KAFKA3.describe(self.topic)[0][0]
+
+    def proxy_of(self, node):
+        return self.PROXIES[self.KAFKA3.ids.index(node)]
+
+    def move_leader(self, old):
+        """Stops broker `old`, the partition's leader; returns the new leader."""
+        self.KAFKA3.stop_node(old)
+        wait_until(lambda: self.leader() not in (old, -1), 120, interval=1,
+                   what="a new leader of the partition")
+        new = self.leader()
+        print(f"\n[ack truth] {self._testMethodName}: leader {old} stopped, {new} leads",
+              file=sys.stderr, flush=True)
+        return new
+
+    def test_new_leader_refuses_the_first_request(self):
+        """The leader moves before the relay's first request of the partition; the new leader
+        answers it NOT_LEADER_OR_FOLLOWER (as a broker does in the moment it is named leader
+        and not yet leading) and accepts the next one, from a producer id it has no state
+        for: the race reported against librdkafka ("a new producer produces while the
+        partition leader is being re-elected")."""
+        new = self.move_leader(self.leader())
+        self.proxy_of(new).add_rule(Rule("error", topic=self.topic, partition=0, nth=1, error=6,
+                                          hold_ms=3000))
+        self.write_rows()
+        self.settled()
+        refused = self.refusals()
+        self.assertEqual(len(refused), 1, "the new leader's proxy refused the first request")
+        self.assertEqual(refused[0]["proxy"], self.PROXIES.index(self.proxy_of(new)))
+        self.assertEqual(refused[0].get("hold"), "next request forwarded",
+                         "no second request in flight within 3 s of the first")
+        self.check(first_copies_in_order=False)
+
+    def test_leader_moves_while_a_refusal_is_held(self):
+        """The first request refused by the leader's proxy (the refusal held until the next
+        request is at the broker); then the leader shuts down: what is retried or sent again
+        goes to the new leader, which knows the producer id from what it replicated."""
+        old = self.leader()
+        self.proxy_of(old).add_rule(Rule("error", topic=self.topic, partition=0, nth=1, error=6,
+                                          hold_ms=3000))
+        self.write_rows()
+        wait_until(lambda: self.refusals(), 30, what="the first request refused")
+        self.move_leader(old)
+        self.check(first_copies_in_order=False)
+
+    def test_new_leader_refuses_a_known_producer(self):
+        """The producer id has written to the partition before the leader moves; the new
+        leader (which replicated its state) gets a refused request, then the next: it refuses
+        that one's sequence (OUT_OF_ORDER_SEQUENCE_NUMBER), librdkafka retries in order, and
+        nothing is lost or reordered."""
+        self.write_rows(ROWS // 2)
+        self.settled()
+        new = self.move_leader(self.leader())
+        self.proxy_of(new).add_rule(Rule("error", topic=self.topic, partition=0, nth=1, error=6,
+                                          hold_ms=3000))
+        self.write_rows(ROWS, first=ROWS // 2 + 1)
         self.check()
 
 

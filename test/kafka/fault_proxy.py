@@ -729,7 +729,8 @@ class FaultProxy:
         return (f"{what} on Produce request #{f['seq']} (conn {f['conn']}, correlation id "
                 f"{f['correlation_id']}, nth of its partition {f['counts']}): {batches}")
 
-    def describe_produce(self, entry):
+    @staticmethod
+    def describe_produce(entry):
         parts = []
         for p in entry["partitions"]:
             for b in p["batches"]:
