@@ -7,6 +7,8 @@
 #   bench/run.sh --real-kafka [--quick]   # drain, latency, writers: test broker beside a
 #                                         # 3-node Apache Kafka (bench/real_kafka.py)
 #   bench/run.sh --real-kafka --exactly-once   # the same, at_least_once beside exactly_once
+#   bench/run.sh --soak [--rate 500] [--minutes 120] [--retention 5min]   # hours of writes,
+#                                         # retention, inbox and faults, sampled each minute
 # The table is also saved in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bash scripts/install-deps.sh
 bash scripts/build.sh
+if [ "${1:-}" = --soak ]; then
+  shift
+  OUTBOX_BUILD_DIR="$PWD/build" exec /usr/bin/python3 bench/soak.py "$@"
+fi
 if [ "${1:-}" = --real-kafka ]; then
   shift
   OUTBOX_BUILD_DIR="$PWD/build" exec /usr/bin/python3 bench/real_kafka.py "$@"
