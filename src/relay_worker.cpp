@@ -333,6 +333,14 @@ int run_batch(OutboxWorker *w) {
         r->next_claim_at = 0;
     else if (claim.n > 0 && acked == 0 && !refusals_only)
         backoff_after_failure(r);
+    else if (claim.n == 0 && acked == 0 && r->backoff_ms > 0 && p->in_flight() > 0)
+        // Still no acknowledgement since a batch got nothing through, and
+        // nothing new to send (the keys pending all have a record waiting in
+        // the producer): back off further, not claim at every commit that
+        // wakes us or every few milliseconds.  A scan of the whole backlog
+        // each time cost a core while Kafka was down.  An acknowledgement
+        // ends the backoff at once.
+        backoff_after_failure(r);
     else if (r->turn_transient > 0)
         r->next_claim_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
                                                        outbox::policy::kRelayBackoffMinMs);
@@ -537,9 +545,13 @@ long relay_turn(OutboxWorker *w) {
     // Otherwise sleep until a commit, a delivery report, a retry is due (of
     // the batch, or of a message Kafka refused), or the poll tick.
     if (claimed >= outbox_batch_size || w->woken) return 0;
+    // Only times still ahead: one already passed was this turn's to act on
+    // (its claim ran), and waiting 1 ms for it again and again claimed in a
+    // loop.  A delivery report wakes us when an in-flight key frees a row.
+    TimestampTz after = GetCurrentTimestamp();
     long wait = outbox_poll_interval_ms;
-    if (r->next_claim_at > 0) wait = Min(wait, ms_until(r->next_claim_at));
-    if (r->waiting && r->next_due > 0) wait = Min(wait, ms_until(r->next_due));
+    if (r->next_claim_at > after) wait = Min(wait, ms_until(r->next_claim_at));
+    if (r->waiting && r->next_due > after) wait = Min(wait, ms_until(r->next_due));
     return Max(wait, 1L);
 }
 

@@ -173,6 +173,52 @@ class RelayEndToEnd(unittest.TestCase):
                 self.broker.ctl("up")
             collector.close()
 
+    def claim_scans(self):
+        """Scans of outbox_message since the server started: each claim makes at least one;
+        a write makes none (an insert is no scan)."""
+        return self.pg.scalar("SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) "
+                              "FROM pg_stat_user_tables WHERE relid = 'outbox.outbox_message'::regclass")
+
+    def test_broker_down_relay_rests(self):
+        """While Kafka is down, the relay does not claim in a loop: a backlog whose every key
+        has a record waiting in the producer is not claimed again and again (before the fix:
+        a claim every few milliseconds, a whole core, more the bigger the backlog), neither
+        between commits nor at each commit that wakes it."""
+        up = False
+        try:
+            self.broker.ctl("down")
+            self.pg.sql("SELECT outbox.write('order.events', 'rest-' || (i % 3), "
+                        "jsonb_build_object('i', i)) FROM generate_series(1, 300) i")
+            time.sleep(4)  # the first claim, its wait for acknowledgements, the first backoff
+            conn = self.pg.connect()
+            quiet_from = self.claim_scans()
+            time.sleep(3)
+            time.sleep(1.5)  # a backend's counts reach the view within a second
+            quiet = self.claim_scans() - quiet_from
+            busy_from = self.claim_scans()
+            with conn.cursor() as cur:  # a commit every 50 ms wakes the relay each time
+                for i in range(60):
+                    cur.execute("SELECT outbox.write('order.events', 'rest-' || %s, '{}')",
+                                (i % 3,))
+                    time.sleep(0.05)
+            time.sleep(1.5)
+            busy = self.claim_scans() - busy_from
+            conn.close()
+            print(f"\n[relay] Kafka down, 300+ rows of 3 keys pending: {quiet} scans of the "
+                  f"outbox in 3 s without commits, {busy} in 3 s of 60 commits",
+                  file=sys.stderr, flush=True)
+            # Backing off from 250 ms to 30 s: a few claims in 3 s, each a few scans.
+            self.assertLess(quiet, 40, "the relay claims in a loop while Kafka is down")
+            self.assertLess(busy, 60, "every commit makes the relay claim while Kafka is down")
+            self.broker.ctl("up")
+            up = True
+            wait_until(lambda: self.pg.scalar(
+                "SELECT count(*) FROM outbox.outbox_message WHERE key LIKE 'rest-%%' "
+                "AND published_at IS NULL") == 0, 60, what="the backlog after the outage")
+        finally:
+            if not up:  # the class's other tests share the broker
+                self.broker.ctl("up")
+
     def test_reload_applies_new_brokers(self):
         # An empty outbox.brokers parks the relay; setting it and reloading
         # starts publishing, with no restart and nothing lost.
