@@ -88,7 +88,9 @@ def java_tool(*args, timeout=330, check=True):
 
 
 def _die_with_parent():
-    """In the child: SIGKILL when the process that started it dies, however it dies."""
+    """In the child: SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG follows
+    the thread, not the process), however it ends: start nodes from a thread that lives as
+    long as they should."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
