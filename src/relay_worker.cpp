@@ -545,13 +545,13 @@ long relay_turn(OutboxWorker *w) {
     // Otherwise sleep until a commit, a delivery report, a retry is due (of
     // the batch, or of a message Kafka refused), or the poll tick.
     if (claimed >= outbox_batch_size || w->woken) return 0;
-    // Only times still ahead: one already passed was this turn's to act on
-    // (its claim ran), and waiting 1 ms for it again and again claimed in a
-    // loop.  A delivery report wakes us when an in-flight key frees a row.
-    TimestampTz after = GetCurrentTimestamp();
+    // A backoff time already passed was this turn's to act on (relay_turn
+    // claims only once it has passed): waiting 1 ms for it again and again
+    // claimed in a loop.  Not so a retry's due time: it may pass during the
+    // turn, after the claim's snapshot found the row not yet due.
     long wait = outbox_poll_interval_ms;
-    if (r->next_claim_at > after) wait = Min(wait, ms_until(r->next_claim_at));
-    if (r->waiting && r->next_due > after) wait = Min(wait, ms_until(r->next_due));
+    if (r->next_claim_at > GetCurrentTimestamp()) wait = Min(wait, ms_until(r->next_claim_at));
+    if (r->waiting && r->next_due > 0) wait = Min(wait, ms_until(r->next_due));
     return Max(wait, 1L);
 }
 
