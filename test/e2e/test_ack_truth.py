@@ -373,7 +373,7 @@ class LeaderChange(AckTruthChecks, unittest.TestCase):
     proxy of its own (the relay's outbox.brokers are the three proxies, and Metadata names
     them, so every connection goes through one), a topic of one partition and three replicas
     (min.insync.replicas=2). The leader is moved by a clean shutdown of its broker, which
-    hands its leaderships over first, as a rolling restart does; it starts again after the
+    hands its leaderships over first, as a rolling restart does; it starts again before the next
     test. Its own cluster: started once for the class."""
     replicas = 3
     KAFKA3 = None
@@ -408,13 +408,15 @@ class LeaderChange(AckTruthChecks, unittest.TestCase):
     def proxies(self):
         return self.PROXIES
 
-    def tearDown(self):
-        super().tearDown()
+    def setUp(self):
+        # The broker the test before stopped starts again here, not in its tearDown: after
+        # the last test nobody waits for it.
         stopped = [i for i in self.KAFKA3.ids if i not in self.KAFKA3.running()]
         for i in stopped:
             self.KAFKA3.start_node(i)
         if stopped:
             self.KAFKA3.wait_ready()
+        super().setUp()
 
     def leader(self):
         return self.KAFKA3.describe(self.topic)[0][0]
