@@ -211,17 +211,19 @@ def slope_per_hour(points):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
 
 
-def verdicts(samples, faults, hours):
-    """series -> (median, slope per hour, verdict) over the minutes outside faults."""
+def verdicts(samples, faults, hours, warm_min=0.0):
+    """series -> (median, slope per hour, verdict) over the minutes outside faults, after a
+    warm-up (the first tenth of the run, and at least warm_min: the tables fill for one
+    retention period before retention deletes as much as is written)."""
     def quiet(m):
         return all(not (f["start_min"] <= m <= f["end_min"] + 5) for f in faults)
     keys = sorted({k for s in samples for k, v in s.items()
                    if isinstance(v, (int, float)) and k not in ("minute",)})
     out = {}
-    warm = max(2, int(0.1 * len(samples)))
+    warm = max(2.0, 0.1 * (samples[-1]["minute"] if samples else 0), warm_min)
     for k in keys:
-        pts = [(s["minute"], s[k]) for s in samples[warm:]
-               if quiet(s["minute"]) and isinstance(s.get(k), (int, float))]
+        pts = [(s["minute"], s[k]) for s in samples
+               if s["minute"] >= warm and quiet(s["minute"]) and isinstance(s.get(k), (int, float))]
         if k.endswith("_total"):
             # a count that only grows: its rate per hour is the figure
             sl = slope_per_hour(pts)
@@ -267,6 +269,8 @@ def plot(samples, faults, path):
             ax.plot(xs, ys, label=k, linewidth=1)
         for f in faults:
             ax.axvspan(f["start_min"], f["end_min"], color="0.85")
+        if title.startswith(("write", "rows")):
+            ax.set_yscale("symlog", linthresh=10)  # an outage's backlog beside quiet minutes
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
         ax.tick_params(labelsize=7)
@@ -449,7 +453,7 @@ def main():
         reader.join(30)
         lost = [n for n in range(1, written + 1) if not reader.seen[n]]
         hours = args.minutes / 60.0
-        v = verdicts(samples, faults, hours)
+        v = verdicts(samples, faults, hours, warm_min=retention_s / 60.0 + 2)
         print(f"\n[soak] {written} messages written at {args.rate}/s for {args.minutes} min, "
               f"retention {args.retention}; lost {len(lost)}, duplicates {reader.duplicates}, "
               f"parked {pg.scalar('SELECT count(*) FROM outbox.outbox_message WHERE parked_at IS NOT NULL')}",
