@@ -519,6 +519,10 @@ long relay_turn(OutboxWorker *w) {
         }
         note_standby_back(w);
     }
+    // The backoff time (if any) has passed and this claim acts on it: kept,
+    // it would make every later wait 1 ms, a claim in a loop.  What the
+    // batch sets anew is this turn's.
+    r->next_claim_at = 0;
     // Under load (a commit woke us right after a batch), let more commits
     // gather before claiming: each batch has a fixed cost (a transaction, a
     // Kafka request and its acknowledgement, a WAL flush) that would
@@ -545,12 +549,8 @@ long relay_turn(OutboxWorker *w) {
     // Otherwise sleep until a commit, a delivery report, a retry is due (of
     // the batch, or of a message Kafka refused), or the poll tick.
     if (claimed >= outbox_batch_size || w->woken) return 0;
-    // A backoff time already passed was this turn's to act on (relay_turn
-    // claims only once it has passed): waiting 1 ms for it again and again
-    // claimed in a loop.  Not so a retry's due time: it may pass during the
-    // turn, after the claim's snapshot found the row not yet due.
     long wait = outbox_poll_interval_ms;
-    if (r->next_claim_at > GetCurrentTimestamp()) wait = Min(wait, ms_until(r->next_claim_at));
+    if (r->next_claim_at > 0) wait = Min(wait, ms_until(r->next_claim_at));
     if (r->waiting && r->next_due > 0) wait = Min(wait, ms_until(r->next_due));
     return Max(wait, 1L);
 }

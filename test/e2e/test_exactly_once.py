@@ -443,6 +443,11 @@ class Upgrade(ExactlyOnceTest):
         self.assertEqual(out.returncode, 0, out.stdout[-4000:])
         new.start()
         self.settled()
+        # Each relay registers its new id when it starts; with nothing left pending, settled()
+        # may return before the second has.
+        wait_until(lambda: len(set(dict(new.sql("SELECT transactional_id, clean FROM "
+                                                "outbox.relay_transaction"))) - set(old_ids))
+                   >= self.workers, 60, what="both relays' new transactional ids")
         ids = dict(new.sql("SELECT transactional_id, clean FROM outbox.relay_transaction"))
         fresh = sorted(set(ids) - set(old_ids))
         print(f"\n[exactly once] pg_upgrade after a kill at {step} (old server restarted with "
